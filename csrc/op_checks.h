@@ -1,0 +1,33 @@
+// Argument checks shared by the CPU and CUDA implementations, so that both
+// devices reject bad input with the same message naming the argument.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include "fp8_format.h"
+
+namespace fp8mp {
+
+// "e4m3" / "e5m2" (any case). Anything else raises ValueError naming `fmt`.
+Fp8Format parse_format(c10::string_view fmt, const char* op);
+
+at::ScalarType fp8_dtype(Fp8Format format);
+
+// Format of a float8 tensor; raises naming `arg` when `t` is not float8_e4m3fn/float8_e5m2.
+Fp8Format format_of(const at::Tensor& t, const char* op, const char* arg);
+
+// A 1-element fp32 tensor on the same device as `like` (scales and amaxes).
+void check_scalar_tensor(const at::Tensor& t, const at::Tensor& like, const char* op, const char* arg);
+
+// fp32, bf16 or fp16 (the high-precision dtypes fp8mp converts from and to).
+void check_high_precision_dtype(at::ScalarType dtype, const char* op, const char* arg);
+
+// All checks of cast_to_fp8 / cast_to_fp8_transpose; returns the parsed format.
+Fp8Format check_cast_to_fp8_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& amax,
+                                 c10::string_view fmt, const char* op);
+
+// All checks of cast_from_fp8; returns the format of `y`.
+Fp8Format check_cast_from_fp8_args(const at::Tensor& y, const at::Tensor& scale_inv, at::ScalarType out_dtype);
+
+}  // namespace fp8mp

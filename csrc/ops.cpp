@@ -1,0 +1,13 @@
+// The one schema file: every fp8mp op is declared here, once. Device
+// implementations live in *_cpu.cpp / *_cuda.cu (TORCH_LIBRARY_IMPL), fake
+// (meta) kernels and autograd in Python (fp8mp/ops.py).
+#include <torch/library.h>
+
+TORCH_LIBRARY(fp8mp, m) {
+  // y = saturate(round_nearest_even(x * scale)) in fmt; amax[0] = max|x| (NaN if x has a NaN).
+  m.def("cast_to_fp8(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> Tensor");
+  // Same, for a 2-D x, also returning the FP8 transpose (contiguous) from the same read of x.
+  m.def("cast_to_fp8_transpose(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor, Tensor)");
+  // x = float(y) * scale_inv, rounded to out_dtype.
+  m.def("cast_from_fp8(Tensor y, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+}

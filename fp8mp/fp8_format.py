@@ -1,0 +1,24 @@
+"""The two OCP FP8 formats: names, torch dtypes and largest finite values."""
+from __future__ import annotations
+
+import torch
+
+# fmt string accepted by the ops -> torch dtype
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+# Largest finite magnitude (OCP FP8 spec): E4M3 = 1.75 * 2^8, E5M2 = 1.75 * 2^15.
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def normalize_format(fmt: str) -> str:
+    """'E4M3' / 'e4m3' -> 'e4m3'; raises ValueError naming `fmt` for anything else."""
+    if not isinstance(fmt, str) or fmt.lower() not in FP8_DTYPES:
+        raise ValueError(f"argument 'fmt' must be 'e4m3' or 'e5m2', got {fmt!r}")
+    return fmt.lower()
+
+
+def format_of_dtype(dtype: torch.dtype) -> str:
+    for name, fp8 in FP8_DTYPES.items():
+        if fp8 == dtype:
+            return name
+    raise TypeError(f"{dtype} is not an FP8 dtype (expected float8_e4m3fn or float8_e5m2)")
