@@ -10,4 +10,11 @@ TORCH_LIBRARY(fp8mp, m) {
   m.def("cast_to_fp8_transpose(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor, Tensor)");
   // x = float(y) * scale_inv, rounded to out_dtype.
   m.def("cast_from_fp8(Tensor y, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+  // Delayed scaling for a group of T tensors, all in one call: roll amax_history [H, T] down one row and
+  // put amax [T] in row 0; effective = column max of the history ("max") or amax ("most_recent");
+  // scale = fp8_max / effective / 2^margin where effective is finite and > 0 and that is finite and > 0,
+  // else the old scale is kept; scale_inv = 1 / scale.
+  m.def(
+      "update_amax_history_and_scale(Tensor amax, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) scale_inv, "
+      "Tensor fp8_max, int margin, str amax_compute_algo) -> ()");
 }

@@ -1,6 +1,16 @@
 """fp8mp: FP8 mixed-precision training for PyTorch."""
+from fp8mp import recipe
 from fp8mp.ops import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available
+from fp8mp.scaling import update_amax_history_and_scale
 
 __version__ = "0.1.0"
 
-__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "cuda_kernels_available", "__version__"]
+__all__ = [
+    "cast_to_fp8",
+    "cast_to_fp8_transpose",
+    "cast_from_fp8",
+    "cuda_kernels_available",
+    "recipe",
+    "update_amax_history_and_scale",
+    "__version__",
+]

@@ -22,3 +22,8 @@ def format_of_dtype(dtype: torch.dtype) -> str:
         if fp8 == dtype:
             return name
     raise TypeError(f"{dtype} is not an FP8 dtype (expected float8_e4m3fn or float8_e5m2)")
+
+
+def fp8_max_of(fmt: str) -> float:
+    """Largest finite magnitude of format `fmt` ("e4m3" -> 448.0, "e5m2" -> 57344.0, any case)."""
+    return FP8_MAX[normalize_format(fmt)]
