@@ -10,4 +10,8 @@ TORCH_LIBRARY(fp8mp, m) {
   m.def("cast_to_fp8_transpose(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor, Tensor)");
   // x = float(y) * scale_inv, rounded to out_dtype.
   m.def("cast_from_fp8(Tensor y, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+  // out = (dec(a) @ dec(b).T) * (a_scale_inv * b_scale_inv) + bias, fp32 accumulation, rounded once to out_dtype.
+  m.def(
+      "fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor? bias, ScalarType out_dtype, "
+      "bool use_fast_accum=False) -> Tensor");
 }

@@ -1,6 +1,7 @@
 """fp8mp: FP8 mixed-precision training for PyTorch."""
+from fp8mp.gemm import fp8_gemm
 from fp8mp.ops import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available
 
 __version__ = "0.1.0"
 
-__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "cuda_kernels_available", "__version__"]
+__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "fp8_gemm", "cuda_kernels_available", "__version__"]
