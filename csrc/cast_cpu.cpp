@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 
+#include "fp8_decode_table.h"
 #include "fp8_format.h"
 #include "op_checks.h"
 
@@ -117,16 +118,6 @@ std::tuple<at::Tensor, at::Tensor> cast_to_fp8_transpose_cpu(const at::Tensor& x
   });
   amax.fill_(bits_to_float(amax_bits.load()));
   return {y, yt};
-}
-
-template <Fp8Format F>
-const std::array<float, 256>& decode_table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int code = 0; code < 256; ++code) t[code] = decode<F>(uint8_t(code));
-    return t;
-  }();
-  return table;
 }
 
 at::Tensor cast_from_fp8_cpu(const at::Tensor& y, const at::Tensor& scale_inv, at::ScalarType out_dtype) {

@@ -17,4 +17,9 @@ TORCH_LIBRARY(fp8mp, m) {
   m.def(
       "update_amax_history_and_scale(Tensor amax, Tensor(a!) amax_history, Tensor(b!) scale, Tensor(c!) scale_inv, "
       "Tensor fp8_max, int margin, str amax_compute_algo) -> ()");
+
+  // out = (dec(a) @ dec(b).T) * (a_scale_inv * b_scale_inv) + bias, fp32 accumulation, rounded once to out_dtype.
+  m.def(
+      "fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor? bias, ScalarType out_dtype, "
+      "bool use_fast_accum=False) -> Tensor");
 }

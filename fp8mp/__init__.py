@@ -1,7 +1,10 @@
 """fp8mp: FP8 mixed-precision training for PyTorch."""
 from fp8mp import recipe
+from fp8mp.gemm import fp8_gemm
 from fp8mp.ops import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available
 from fp8mp.scaling import update_amax_history_and_scale
+from fp8mp.autocast import fp8_autocast, get_fp8_recipe, is_fp8_enabled
+from fp8mp import nn
 
 __version__ = "0.1.0"
 
@@ -9,8 +12,13 @@ __all__ = [
     "cast_to_fp8",
     "cast_to_fp8_transpose",
     "cast_from_fp8",
+    "fp8_gemm",
     "cuda_kernels_available",
     "recipe",
     "update_amax_history_and_scale",
+    "fp8_autocast",
+    "get_fp8_recipe",
+    "is_fp8_enabled",
+    "nn",
     "__version__",
 ]
