@@ -109,3 +109,7 @@ class CurrentScaling:
     def __post_init__(self) -> None:
         _check_int("margin", self.margin, 0)
         _check_format(self.fp8_format)
+
+
+# Any recipe fp8_autocast accepts (usable with isinstance).
+Recipe = DelayedScaling | CurrentScaling

@@ -1,0 +1,86 @@
+"""Per-module FP8 scaling state: amaxes, amax history, scales, as buffers.
+
+A module that computes in FP8 owns one `Fp8Meta` with a column per FP8 tensor
+it casts (for Linear: input, weight, grad_output). All columns are updated by
+one op call per step (`update_amax_history_and_scale`), not a loop per tensor.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from fp8mp.recipe import CurrentScaling, DelayedScaling, Recipe
+from fp8mp.scaling import compute_scale, update_amax_history_and_scale
+from fp8mp.fp8_format import FP8_MAX
+
+
+class LinearTensor(enum.IntEnum):
+    """Column of each FP8 tensor of a Linear in its Fp8Meta."""
+
+    INPUT = 0
+    WEIGHT = 1
+    GRAD_OUTPUT = 2
+
+
+class Fp8Meta(torch.nn.Module):
+    """Scaling buffers for `num_tensors` FP8 tensors of one module.
+
+    Buffers (non-persistent: a module's state_dict keys stay those of its torch twin):
+        amax [T]: newest amax of each tensor, written by the cast kernels.
+        amax_history [H, T]: row 0 newest (delayed scaling).
+        scale [T], scale_inv [T]: what the next casts use; scale_inv == 1 / scale.
+        fp8_max [T]: largest finite value of each tensor's format under the active recipe.
+    """
+
+    def __init__(self, num_tensors: int, backward_tensors: tuple[int, ...], device=None):
+        super().__init__()
+        self.num_tensors = num_tensors
+        self.backward_tensors = backward_tensors
+        self.recipe: Recipe | None = None
+        # False until a first forward set scales from the data itself: delayed
+        # scaling would otherwise cast step 0 with scale 1 and saturate anything above 448.
+        self.initialized = False
+        factory = dict(dtype=torch.float32, device=device)
+        self.register_buffer("amax", torch.zeros(num_tensors, **factory), persistent=False)
+        self.register_buffer("amax_history", torch.zeros(1, num_tensors, **factory), persistent=False)
+        self.register_buffer("scale", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("scale_inv", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
+
+    def format_of(self, index: int) -> str:
+        assert self.recipe is not None
+        fmt = self.recipe.fp8_format
+        return fmt.backward_format if index in self.backward_tensors else fmt.forward_format
+
+    def configure(self, recipe: Recipe) -> None:
+        """Adopt `recipe` (history length, formats); a no-op when it is the one already in use."""
+        if recipe is self.recipe:
+            return
+        history_len = recipe.amax_history_len if isinstance(recipe, DelayedScaling) else 1
+        if self.amax_history.shape[0] != history_len:
+            self.amax_history = self.amax_history.new_zeros(history_len, self.num_tensors)
+        self.recipe = recipe
+        self.fp8_max.copy_(torch.tensor([FP8_MAX[self.format_of(i)] for i in range(self.num_tensors)]))
+
+    def step_delayed_scaling(self) -> None:
+        """Push the last step's amaxes into the history and recompute every scale (one op call)."""
+        recipe = self.recipe
+        assert isinstance(recipe, DelayedScaling)
+        update_amax_history_and_scale(
+            self.amax, self.amax_history, self.scale, self.scale_inv, self.fp8_max, recipe.margin, recipe.amax_compute_algo
+        )
+
+    def set_scale_from(self, index: int, tensor: torch.Tensor) -> None:
+        """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor)."""
+        if tensor.numel() == 0:  # amax of nothing is 0, which keeps the previous scale
+            amax = torch.zeros(1, device=tensor.device)
+        else:
+            amax = tensor.detach().abs().amax().float().reshape(1)
+        new_scale = compute_scale(amax, float(FP8_MAX[self.format_of(index)]), self.recipe.margin, self.scale[index : index + 1])
+        self.scale[index : index + 1].copy_(new_scale)
+        self.scale_inv[index : index + 1].copy_(new_scale.reciprocal())
+
+    def uses_current_scaling(self) -> bool:
+        """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
+        return isinstance(self.recipe, CurrentScaling) or not self.initialized
