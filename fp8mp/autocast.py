@@ -39,7 +39,7 @@ class Fp8AutocastState:
 _STACK: list[Fp8AutocastState] = []
 
 
-def _validate_recipe(recipe: Recipe) -> Recipe:
+def validate_recipe(recipe: Recipe) -> Recipe:
     if not isinstance(recipe, Recipe):
         raise TypeError(f"argument 'fp8_recipe' must be a DelayedScaling or CurrentScaling, got {type(recipe).__name__}")
     if recipe.fp8_format == Format.E5M2:
@@ -63,7 +63,7 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None, fp8_gro
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"argument 'enabled' must be a bool, got {type(enabled).__name__}")
-    state = Fp8AutocastState(enabled, _validate_recipe(fp8_recipe if fp8_recipe is not None else DelayedScaling()), fp8_group)
+    state = Fp8AutocastState(enabled, validate_recipe(fp8_recipe if fp8_recipe is not None else DelayedScaling()), fp8_group)
     _STACK.append(state)
     try:
         yield state

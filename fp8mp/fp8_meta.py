@@ -48,6 +48,37 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("scale_inv", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
 
+    # ------------------------------------------------------------ checkpoints
+    # The scaling state travels in the module's state_dict as "<prefix>fp8_meta._extra_state",
+    # so training resumed from a checkpoint continues with the same scales, bit for bit.
+
+    _STATE_BUFFERS = ("amax", "amax_history", "scale", "scale_inv")
+
+    def get_extra_state(self) -> dict:
+        state = {name: getattr(self, name).detach().clone() for name in self._STATE_BUFFERS}
+        state["initialized"] = self.initialized
+        return state
+
+    def set_extra_state(self, state: dict) -> None:
+        missing = [k for k in (*self._STATE_BUFFERS, "initialized") if k not in state]
+        if missing:
+            raise ValueError(f"Fp8Meta: checkpoint extra state lacks {missing}")
+        if state["amax"].shape != self.amax.shape:
+            raise ValueError(f"Fp8Meta: checkpoint holds {state['amax'].numel()} FP8 tensors, this module has {self.num_tensors}")
+        with torch.no_grad():
+            for name in ("amax", "scale", "scale_inv"):
+                getattr(self, name).copy_(state[name])
+            self.amax_history = state["amax_history"].to(device=self.amax.device, dtype=torch.float32).clone()
+        self.initialized = bool(state["initialized"])
+        self.recipe = None  # the next forward re-reads formats; a history of matching length is kept
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        # A plain torch checkpoint (nn.Linear, nn.LayerNorm) has no FP8 state: start fresh, don't fail strict loading.
+        extra_key = prefix + "_extra_state"
+        if extra_key not in state_dict and extra_key in missing_keys:
+            missing_keys.remove(extra_key)
+
     def format_of(self, index: int) -> str:
         assert self.recipe is not None
         fmt = self.recipe.fp8_format

@@ -23,13 +23,15 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=device)
+        # A recipe for this module alone (e.g. set by fp8mp.convert); None follows fp8_autocast's.
+        self.fp8_recipe = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not autocast_state.is_fp8_enabled():
             return F.linear(input, self.weight, self.bias)
         self._check_input(input)
         autocast_state.record_module(self)
-        self.fp8_meta.configure(autocast_state.get_fp8_recipe())
+        self.fp8_meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
         return fp8_linear(input, self.weight, self.bias, self.fp8_meta)
 
     def _check_input(self, input: torch.Tensor) -> None:
@@ -39,6 +41,12 @@ class Linear(torch.nn.Linear):
             raise TypeError(f"fp8mp.nn.Linear: argument 'input' must be float32, bfloat16 or float16, got {input.dtype}")
         if input.device != self.weight.device:
             raise RuntimeError(f"fp8mp.nn.Linear: argument 'input' is on {input.device} but the weight is on {self.weight.device}")
+
+    def to_torch(self) -> torch.nn.Linear:
+        """A torch.nn.Linear sharing this module's parameters (the FP8 scaling state is dropped)."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> "Linear":
