@@ -19,12 +19,10 @@ import torch
 import fp8mp
 from fp8mp.recipe import DelayedScaling
 
-from bench_cast import median_time
+from timing import markdown_table, median_time, parse_shapes, where
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    m, k, n = (int(v) for v in text.lower().split("x"))
-    return m, k, n
+DEFAULT_SHAPES = {"cpu": "4096x1024x1024,8192x2048x2048", "cuda": "4096x4096x4096,16384x8192x8192"}
 
 
 def torchao_emulated(linear: torch.nn.Linear) -> torch.nn.Module | None:
@@ -68,33 +66,30 @@ def bench_shape(m: int, k: int, n: int, device: str) -> dict:
     return row
 
 
-def format_table(rows: list[dict], device: str) -> str:
-    peers = ["fp32_ms", "bf16_ms", "torchao_emulate_ms"] if device == "cpu" else ["bf16_ms"]
-    head = "| shape (MxKxN) | fp8mp ms | " + " | ".join(p.replace("_ms", " ms") for p in peers) + " | " + " | ".join(
-        f"vs {p.replace('_ms', '')}" for p in peers
-    ) + " |"
-    lines = [f"### fp8mp.nn.Linear forward+backward, {device}, {torch.get_num_threads()} threads", "", head,
-             "|" + "---|" * (2 + 2 * len(peers))]
-    for r in rows:
-        times = " | ".join(f"{r[p]:.1f}" for p in peers)
-        ratios = " | ".join(f"{r[p] / r['fp8mp_ms']:.2f}x" for p in peers)
-        lines.append(f"| {r['shape']} | {r['fp8mp_ms']:.1f} | {times} | {ratios} |")
-    return "\n".join(lines)
+def peers(device: str) -> list[str]:
+    return ["fp32_ms", "bf16_ms", "torchao_emulate_ms"] if device == "cpu" else ["bf16_ms"]
 
 
-def run(device: str, shapes: list[tuple[int, int, int]]) -> list[dict]:
-    return [bench_shape(m, k, n, device) for m, k, n in shapes]
+def table(rows: list[dict], device: str) -> str:
+    names = [p.replace("_ms", "") for p in peers(device)]
+    headers = ["M x K x N", "fp8mp ms"] + [f"{n} ms" for n in names] + [f"vs {n}" for n in names]
+    cells = [[r["shape"], f"{r['fp8mp_ms']:.1f}"] + [f"{r[p]:.1f}" for p in peers(device)]
+             + [f"{r[p] / r['fp8mp_ms']:.2f}x" for p in peers(device)] for r in rows]
+    return markdown_table(f"fp8mp.nn.Linear forward+backward, {where(device)}", headers, cells)
+
+
+def run(device: str, shapes: str | None = None) -> list[dict]:
+    return [bench_shape(m, k, n, device) for m, k, n in parse_shapes(shapes or DEFAULT_SHAPES[device])]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--shapes", default="4096x1024x1024,8192x2048x2048")
+    parser.add_argument("--shapes", default=None, help="comma-separated MxKxN (default depends on device)")
     args = parser.parse_args()
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         raise SystemExit("--device cuda: no CUDA device or fp8mp was built without CUDA kernels")
-    rows = run(args.device, [parse_shape(s) for s in args.shapes.split(",")])
-    print(format_table(rows, args.device))
+    print(table(run(args.device, args.shapes), args.device))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""Shared helpers of the benchmarks: timing, shape parsing, markdown tables."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+
+def median_time(fn: Callable[[], object], device: str, min_repeats: int = 5, min_seconds: float = 0.3,
+                max_repeats: int = 200) -> float:
+    """Median seconds of fn() after one warm-up call: CUDA events on GPU, perf_counter on CPU.
+
+    Repeats at least `min_repeats` times and until `min_seconds` have passed (capped at `max_repeats`).
+    """
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < max_repeats and (len(times) < min_repeats or time.perf_counter() - started < min_seconds):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """'4096x1024x1024,8192x2048x2048' -> [(4096, 1024, 1024), (8192, 2048, 2048)]."""
+    shapes = []
+    for item in text.split(","):
+        try:
+            shapes.append(tuple(int(p) for p in item.lower().split("x")))
+        except ValueError:
+            raise ValueError(f"shape {item!r} is not of the form AxBxC") from None
+    return shapes
+
+
+def parse_size(text: str) -> int:
+    """'16M' -> 16 * 2**20; '4096' -> 4096."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    suffix = text[-1].upper()
+    return int(text[:-1]) * units[suffix] if suffix in units else int(text)
+
+
+def markdown_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [f"### {title}", "", "| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def where(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
