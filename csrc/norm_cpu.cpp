@@ -272,8 +272,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cpu(const at::Tensor& gr
   });
 
   if (!want_params) {
-    const at::Tensor empty = at::empty({0}, x.options().dtype(at::kFloat));
-    return {grad_x, empty, empty};
+    const auto options = x.options().dtype(at::kFloat);
+    return {grad_x, at::empty({0}, options), at::empty({0}, options)};
   }
   at::Tensor sums = at::empty({2, hidden}, x.options().dtype(at::kFloat));
   float* sums_ptr = sums.mutable_data_ptr<float>();
@@ -285,7 +285,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cpu(const at::Tensor& gr
     }
   });
   const auto wdtype = weight->scalar_type();
-  return {grad_x, sums[0].to(wdtype), sums[1].to(wdtype)};
+  // copy = true: grad_weight and grad_bias must not alias one buffer
+  return {grad_x, sums[0].to(wdtype, false, true), sums[1].to(wdtype, false, true)};
 }
 
 using NormFwdResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
