@@ -244,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cpu(const at::Tensor& gr
   const at::Tensor g = norm_gain_fp32(weight, hidden, zero_centered_gamma, x);
   at::Tensor grad_x = at::empty(x.sizes(), x.options());
   const bool want_params = weight.has_value();
-  const int64_t chunks = want_params ? std::max<int64_t>(1, std::min<int64_t>(rows, kMaxBwdChunks)) : 1;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(rows, kMaxBwdChunks));
   const int64_t rows_per_chunk = rows == 0 ? 1 : (rows + chunks - 1) / chunks;
   // [chunk][0] = partial grad_weight, [chunk][1] = partial grad_bias
   at::Tensor partials = at::zeros({want_params ? chunks : 0, 2, hidden}, x.options().dtype(at::kFloat));
