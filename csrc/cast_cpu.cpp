@@ -9,6 +9,7 @@
 #include <atomic>
 
 #include "fp8_decode_table.h"
+#include "cpu_clones.h"
 #include "fp8_format.h"
 #include "op_checks.h"
 
@@ -25,14 +26,6 @@ void atomic_max_bits(std::atomic<uint32_t>& target, uint32_t value) {
   while (value > seen && !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
 }
-
-// Cloned for AVX2 and baseline x86-64, picked at load time: the AVX2 loop is
-// about 2.5x faster, and the extension still runs on any x86-64 CPU.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define FP8MP_CPU_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FP8MP_CPU_CLONES
-#endif
 
 template <Fp8Format F, typename scalar_t>
 FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {

@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "cuda_reduce.cuh"
 #include "fp8_format.h"
 #include "op_checks.h"
 
@@ -21,25 +22,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kTransposeTile = 32;
 constexpr int kTransposeRowsPerPass = 8;  // block is 32 x 8 threads, each thread handles 4 rows of a tile
-
-__device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
-
-// Max of |x| bits over the block, then one atomicMax into amax (read as uint32:
-// non-negative floats order like their bits and NaN sorts above Inf).
-__device__ __forceinline__ void block_amax_to_global(uint32_t value, uint32_t* amax_bits) {
-  __shared__ uint32_t warp_max[32];
-  for (int offset = 16; offset > 0; offset /= 2) value = max_u32(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
-  // Warps are runs of 32 consecutive linear thread ids, for 1-D and 2-D blocks alike.
-  const int linear = threadIdx.y * blockDim.x + threadIdx.x;
-  const int threads = blockDim.x * blockDim.y;
-  if (linear % 32 == 0) warp_max[linear / 32] = value;
-  __syncthreads();
-  if (linear < 32) {
-    value = linear < threads / 32 ? warp_max[linear] : 0u;
-    for (int offset = 16; offset > 0; offset /= 2) value = max_u32(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
-    if (linear == 0 && value != 0u) atomicMax(amax_bits, value);
-  }
-}
 
 template <typename scalar_t, int kVec>
 struct alignas(sizeof(scalar_t) * kVec) VecOf {

@@ -66,5 +66,20 @@ struct GemmFormats {
 GemmFormats check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
                                 const at::Tensor& b_scale_inv, const std::optional<at::Tensor>& bias,
                                 at::ScalarType out_dtype);
+// layernorm_fwd / rmsnorm_fwd (bias is absent for RMSNorm): x float32/bfloat16/float16 with
+// dim >= 1 and a non-empty last dimension H; weight and bias, when given, of shape [H], of
+// one high-precision dtype and on x's device; eps > 0 and finite as a float32.
+void check_norm_fwd_args(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& bias, double eps, const char* op);
+
+// layernorm_fwd_fp8 / rmsnorm_fwd_fp8: the forward checks plus scale, amax and fmt; returns the format.
+Fp8Format check_norm_fwd_fp8_args(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                  const std::optional<at::Tensor>& bias, double eps, const at::Tensor& scale,
+                                  const at::Tensor& amax, c10::string_view fmt, const char* op);
+
+// layernorm_bwd / rmsnorm_bwd (mean is nullptr for RMSNorm): x and weight as in the forward,
+// grad_out of x's shape and dtype, mean and rstd float32 of shape x.shape[:-1], all on x's device.
+void check_norm_bwd_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor* mean,
+                         const at::Tensor& rstd, const std::optional<at::Tensor>& weight, const char* op);
 
 }  // namespace fp8mp

@@ -22,4 +22,19 @@ TORCH_LIBRARY(fp8mp, m) {
   m.def(
       "fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor? bias, ScalarType out_dtype, "
       "bool use_fast_accum=False) -> Tensor");
+
+  // Normalization over the last dimension H, statistics in fp32. LayerNorm:
+  // out = (x - mean) * rstd * g + bias with g = weight, or 1 + weight when zero_centered_gamma
+  // (g = 1 without weight); out has x's dtype, mean and rstd are fp32 of shape x.shape[:-1].
+  m.def("layernorm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps, bool zero_centered_gamma) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // Same, out = cast_to_fp8(layernorm_fwd's out) fused into the norm; amax[0] = max|out in x's dtype|.
+  m.def("layernorm_fwd_fp8(Tensor x, Tensor? weight, Tensor? bias, float eps, bool zero_centered_gamma, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // Gradients of layernorm_fwd; grad_weight / grad_bias in weight's dtype, empty float32 tensors without a weight.
+  m.def("layernorm_bwd(Tensor grad_out, Tensor x, Tensor mean, Tensor rstd, Tensor? weight, bool zero_centered_gamma) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  // RMSNorm: out = x * rstd * g, rstd = 1 / sqrt(mean(x^2) + eps).
+  m.def("rmsnorm_fwd(Tensor x, Tensor? weight, float eps, bool zero_centered_gamma) -> (Tensor out, Tensor rstd)");
+  // Same with the FP8 cast and amax fused, as layernorm_fwd_fp8.
+  m.def("rmsnorm_fwd_fp8(Tensor x, Tensor? weight, float eps, bool zero_centered_gamma, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor out, Tensor rstd)");
+  // Gradients of rmsnorm_fwd; grad_weight in weight's dtype, an empty float32 tensor without a weight.
+  m.def("rmsnorm_bwd(Tensor grad_out, Tensor x, Tensor rstd, Tensor? weight, bool zero_centered_gamma) -> (Tensor grad_x, Tensor grad_weight)");
 }

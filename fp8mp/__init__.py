@@ -6,6 +6,7 @@ from fp8mp.scaling import update_amax_history_and_scale
 from fp8mp.autocast import fp8_autocast, get_fp8_recipe, is_fp8_enabled
 from fp8mp import nn
 from fp8mp.convert import convert, unconvert
+from fp8mp import norm_ops  # noqa: F401,E402  (registers the norm ops' fake kernels and autograd)
 
 __version__ = "0.1.0"
 

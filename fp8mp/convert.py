@@ -68,6 +68,9 @@ def convert(
         make = table.get(type(module))
         if make is None or (module_filter is not None and not module_filter(name, module)):
             return None
+        if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) and len(module.normalized_shape) != 1:
+            logger.info("fp8mp.convert: keeping %s: fp8mp norms normalize the last dimension only", name or "<root>")
+            return None
         if isinstance(module, torch.nn.Linear) and not fp8_dims_supported(module):
             logger.info("fp8mp.convert: keeping %s (%s) in high precision: dims not multiples of %d", name or "<root>",
                         module, FP8_DIM_MULTIPLE)

@@ -173,3 +173,17 @@ def test_extra_state_restores_history_and_initialized_flag():
         assert torch.equal(getattr(fresh.fp8_meta, name), getattr(layer.fp8_meta, name))
     with pytest.raises(ValueError, match="lacks"):
         fresh.fp8_meta.set_extra_state({"amax": torch.zeros(3)})
+
+
+def test_convert_norms_round_trip():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 32), torch.nn.RMSNorm(32, eps=1e-6),
+                                torch.nn.LayerNorm((4, 8)))
+    reference = copy.deepcopy(model)
+    fp8mp.convert(model, convert_norms=True)
+    assert [type(m) for m in model] == [fp8mp.nn.LayerNorm, fp8mp.nn.Linear, fp8mp.nn.RMSNorm, torch.nn.LayerNorm]
+    x = torch.randn(5, 32)
+    torch.testing.assert_close(model[:3](x), reference[:3](x), rtol=1e-5, atol=1e-5)
+    fp8mp.unconvert(model)
+    assert [type(m) for m in model] == [torch.nn.LayerNorm, torch.nn.Linear, torch.nn.RMSNorm, torch.nn.LayerNorm]
+    assert torch.equal(model[:3](x), reference[:3](x))
