@@ -7,6 +7,8 @@ from fp8mp.autocast import fp8_autocast, get_fp8_recipe, is_fp8_enabled
 from fp8mp import nn
 from fp8mp import amp
 from fp8mp.amp import LossScaler
+from fp8mp.fp8_weight import fp8_model_init
+from fp8mp import optim
 
 __version__ = "0.1.0"
 
@@ -24,5 +26,7 @@ __all__ = [
     "nn",
     "amp",
     "LossScaler",
+    "fp8_model_init",
+    "optim",
     "__version__",
 ]
