@@ -9,6 +9,7 @@ from fp8mp import amp
 from fp8mp.amp import LossScaler
 from fp8mp.fp8_weight import fp8_model_init
 from fp8mp import optim
+from fp8mp import fallback
 
 __version__ = "0.1.0"
 
@@ -28,5 +29,6 @@ __all__ = [
     "LossScaler",
     "fp8_model_init",
     "optim",
+    "fallback",
     "__version__",
 ]
