@@ -7,6 +7,11 @@ from fp8mp.autocast import fp8_autocast, get_fp8_recipe, is_fp8_enabled
 from fp8mp import nn
 from fp8mp.convert import convert, unconvert
 from fp8mp import norm_ops  # noqa: F401,E402  (registers the norm ops' fake kernels and autograd)
+from fp8mp import amp
+from fp8mp.amp import LossScaler
+from fp8mp.fp8_weight import fp8_model_init
+from fp8mp import optim
+from fp8mp import fallback
 
 __version__ = "0.1.0"
 
@@ -24,5 +29,10 @@ __all__ = [
     "nn",
     "convert",
     "unconvert",
+    "amp",
+    "LossScaler",
+    "fp8_model_init",
+    "optim",
+    "fallback",
     "__version__",
 ]

@@ -112,6 +112,14 @@ class Fp8Meta(torch.nn.Module):
         self.scale[index : index + 1].copy_(new_scale)
         self.scale_inv[index : index + 1].copy_(new_scale.reciprocal())
 
+    def reset_scaling(self) -> None:
+        """Forget amaxes, history and scales: the next forward sets scales from the data, as on step 0."""
+        self.amax.zero_()
+        self.amax_history.zero_()
+        self.scale.fill_(1.0)
+        self.scale_inv.fill_(1.0)
+        self.initialized = False
+
     def uses_current_scaling(self) -> bool:
         """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
         return isinstance(self.recipe, CurrentScaling) or not self.initialized

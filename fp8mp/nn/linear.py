@@ -1,10 +1,13 @@
 """`fp8mp.nn.Linear`: a drop-in `torch.nn.Linear` that computes in FP8 inside `fp8_autocast`."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 from fp8mp import autocast as autocast_state
+from fp8mp import fp8_weight as fp8_weight_storage
 from fp8mp.fp8_format import HIGH_PRECISION_DTYPES
 from fp8mp.fp8_meta import Fp8Meta, LinearTensor
 from fp8mp.linear_function import fp8_linear
@@ -18,40 +21,126 @@ class Linear(torch.nn.Linear):
     gradient of the output to its backward format (E5M2 for Format.HYBRID), and all three GEMMs
     (fprop, dgrad, wgrad) run in FP8 with fp32 accumulation. The output has the input's dtype; the
     weight gradient has the weight's dtype.
+
+    fp8_weight=True (default: True inside `fp8mp.fp8_model_init()`) stores the weight in FP8
+    (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), trained through FP32
+    masters held by `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/fp8_weight.py. Outside
+    fp8_autocast such a layer computes in the input's dtype with the decoded weight.
+
+    `fp8_fallback` (set by `fp8mp.fallback.FallbackPolicy`): when True, the layer computes in the
+    input's dtype (plain F.linear) even inside fp8_autocast.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 fp8_weight: bool | None = None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=device)
         # A recipe for this module alone (e.g. set by fp8mp.convert); None follows fp8_autocast's.
         self.fp8_recipe = None
+        self.fp8_fallback = False
+        self._master_weight_ref = None
+        if fp8_weight_storage.is_fp8_model_init() if fp8_weight is None else fp8_weight:
+            self._store_weight_in_fp8()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not autocast_state.is_fp8_enabled():
+            if self.weight is None:
+                return self._high_precision_linear(input)
             return F.linear(input, self.weight, self.bias)
         self._check_input(input)
         autocast_state.record_module(self)
+        if self.fp8_fallback:
+            return self._high_precision_linear(input)
         self.fp8_meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
+        if self.weight is None:
+            stored = (self.weight_fp8, self.weight_scale_inv)
+            return fp8_linear(input, self._weight_grad_leaf(), self.bias, self.fp8_meta, fp8_weight=stored)
         return fp8_linear(input, self.weight, self.bias, self.fp8_meta)
+
+    def _high_precision_linear(self, input: torch.Tensor) -> torch.Tensor:
+        """F.linear in the input's dtype: the fallback path, and FP8-weight layers outside fp8_autocast."""
+        if self.weight is None:
+            weight = fp8_weight_storage.decode_weight(self.weight_fp8, self.weight_scale_inv, input.dtype,
+                                                      self._weight_grad_leaf())
+        else:
+            weight = self.weight.to(input.dtype)
+        return F.linear(input, weight, self.bias.to(input.dtype) if self.bias is not None else None)
+
+    # ----------------------------------------------------------------------------- FP8 weight storage
+    def _store_weight_in_fp8(self) -> None:
+        """Replace the `weight` parameter by FP8 buffers (current scaling from its amax)."""
+        weight = self.weight.detach()
+        self.register_parameter("weight", None)
+        factory = dict(dtype=torch.float32, device=weight.device)
+        self.register_buffer("weight_fp8", torch.empty_like(weight, dtype=fp8_weight_storage.WEIGHT_DTYPE))
+        self.register_buffer("weight_scale", torch.ones(1, **factory))
+        self.register_buffer("weight_scale_inv", torch.ones(1, **factory))
+        self.quantize_weight_from(weight)
+
+    @property
+    def stores_fp8_weight(self) -> bool:
+        return self.weight is None
+
+    def quantize_weight_from(self, source: torch.Tensor) -> None:
+        """Set the FP8 weight to cast_to_fp8(source) with a scale from source's amax (in place)."""
+        self._require_fp8_weight("quantize_weight_from")
+        if source.shape != self.weight_fp8.shape:
+            raise ValueError(f"fp8mp.nn.Linear.quantize_weight_from: argument 'source' must have shape "
+                             f"{tuple(self.weight_fp8.shape)}, got {tuple(source.shape)}")
+        fp8_weight_storage.quantize_weight_(source, self.weight_fp8, self.weight_scale, self.weight_scale_inv)
+
+    def attach_master_weight(self, master: torch.nn.Parameter) -> None:
+        """Make `master` (an FP32 Parameter of the weight's shape) the leaf that receives dW.
+
+        Held by weak reference: the optimizer that owns the master owns its memory.
+        """
+        self._require_fp8_weight("attach_master_weight")
+        if not isinstance(master, torch.nn.Parameter) or master.shape != self.weight_fp8.shape:
+            raise ValueError(f"fp8mp.nn.Linear.attach_master_weight: argument 'master' must be an nn.Parameter of shape "
+                             f"{tuple(self.weight_fp8.shape)}, got {type(master).__name__} {tuple(getattr(master, 'shape', ()))}")
+        self._master_weight_ref = weakref.ref(master)
+
+    def _weight_grad_leaf(self) -> torch.nn.Parameter | None:
+        master = self._master_weight_ref() if self._master_weight_ref is not None else None
+        if master is None and self.training and torch.is_grad_enabled():
+            raise RuntimeError(
+                "fp8mp.nn.Linear with an FP8 weight has no master weight to receive its gradient: create "
+                "fp8mp.optim.MasterWeightOptimizer(optimizer, model) before training, or run inference under "
+                ".eval() or torch.no_grad()"
+            )
+        return master
+
+    def _require_fp8_weight(self, what: str) -> None:
+        if self.weight is not None:
+            raise RuntimeError(f"fp8mp.nn.Linear.{what}: this layer stores its weight in high precision "
+                               "(create it with fp8_weight=True or inside fp8mp.fp8_model_init())")
 
     def _check_input(self, input: torch.Tensor) -> None:
         if input.dim() == 0 or input.shape[-1] != self.in_features:
             raise ValueError(f"fp8mp.nn.Linear: argument 'input' must have last dimension {self.in_features}, got shape {tuple(input.shape)}")
         if input.dtype not in HIGH_PRECISION_DTYPES:
             raise TypeError(f"fp8mp.nn.Linear: argument 'input' must be float32, bfloat16 or float16, got {input.dtype}")
-        if input.device != self.weight.device:
-            raise RuntimeError(f"fp8mp.nn.Linear: argument 'input' is on {input.device} but the weight is on {self.weight.device}")
+        weight = self.weight if self.weight is not None else self.weight_fp8
+        if input.device != weight.device:
+            raise RuntimeError(f"fp8mp.nn.Linear: argument 'input' is on {input.device} but the weight is on {weight.device}")
 
     def to_torch(self) -> torch.nn.Linear:
-        """A torch.nn.Linear sharing this module's parameters (the FP8 scaling state is dropped)."""
+        """A torch.nn.Linear sharing this module's parameters (the FP8 scaling state is dropped).
+
+        An FP8-stored weight is decoded into a new fp32 parameter.
+        """
         linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        linear.weight, linear.bias = self.weight, self.bias
+        weight = self.weight
+        if weight is None:
+            weight = torch.nn.Parameter(fp8_weight_storage.decode_weight(self.weight_fp8, self.weight_scale_inv,
+                                                                         torch.float32, None).detach())
+        linear.weight, linear.bias = weight, self.bias
         return linear
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> "Linear":
         """An fp8mp Linear sharing `linear`'s parameters (no copy)."""
-        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta", fp8_weight=False)
         new.weight, new.bias = linear.weight, linear.bias
         new.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=linear.weight.device)
         return new

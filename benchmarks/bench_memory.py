@@ -1,0 +1,45 @@
+"""Weight memory of FP8 weight storage (`fp8mp.fp8_model_init`) against FP32, per layer and for an MLP.
+
+Bytes are those of the module's state_dict (parameters and persistent buffers): for FP32 the weight
+and bias, for FP8 storage the float8_e4m3fn weight, the fp32 bias and two 4-byte scales. The FP32
+master weights live in `fp8mp.optim.MasterWeightOptimizer`, with the optimizer state, not in the model.
+
+    python benchmarks/bench_memory.py
+"""
+from __future__ import annotations
+
+import torch
+
+import fp8mp
+from fp8mp.fp8_weight import state_dict_bytes
+
+LAYERS = [(64, 64), (1024, 1024), (4096, 1024), (4096, 4096)]
+MLP_WIDTHS = [512, 2048, 2048, 512]
+
+
+def mlp(widths: list[int], layer) -> torch.nn.Module:
+    blocks = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        blocks += [layer(a, b)] + ([torch.nn.GELU()] if i < len(widths) - 2 else [])
+    return torch.nn.Sequential(*blocks)
+
+
+def row(name: str, build) -> dict:
+    fp32 = build(torch.nn.Linear)
+    with fp8mp.fp8_model_init():
+        fp8 = build(fp8mp.nn.Linear)
+    fp32_bytes, fp8_bytes = state_dict_bytes(fp32), state_dict_bytes(fp8)
+    return {"model": name, "fp32": fp32_bytes, "fp8": fp8_bytes, "ratio": fp8_bytes / fp32_bytes}
+
+
+def main() -> None:
+    rows = [row(f"Linear {k}->{n}", lambda layer, k=k, n=n: layer(k, n)) for k, n in LAYERS]
+    rows.append(row("MLP " + "-".join(map(str, MLP_WIDTHS)), lambda layer: mlp(MLP_WIDTHS, layer)))
+    print("| model | FP32 bytes | FP8 bytes | ratio |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['fp32']:,} | {r['fp8']:,} | {r['ratio']:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
