@@ -32,16 +32,22 @@ def _col(t: torch.Tensor, index: int) -> torch.Tensor:
 
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, fp8_weight=None):
+    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, fp8_weight=None,
+                fp8_input=None):
         """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
 
         formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
         callable setting the grad_output scale from the gradient itself (current scaling).
         fp8_weight: None, or (w_fp8 [N,K] float8_e4m3fn, w_scale_inv [1]): a stored FP8 weight used
         instead of casting `weight`, which then only receives the gradient (it may be None).
+        fp8_input: None, or (x_fp8, x_fp8_t) already cast with the INPUT scale (by a fused norm, see
+        fp8mp/layernorm_linear.py); `x2d` then only routes the input gradient.
         """
         forward_format, backward_format = formats
-        x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, _col(meta_scale, INPUT), _col(meta_amax, INPUT), forward_format)
+        if fp8_input is None:
+            x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, _col(meta_scale, INPUT), _col(meta_amax, INPUT), forward_format)
+        else:
+            x_fp8, x_fp8_t = fp8_input
         if fp8_weight is None:
             w_fp8, w_fp8_t = cast_to_fp8_transpose(weight, _col(meta_scale, WEIGHT), _col(meta_amax, WEIGHT), forward_format)
             # Backward must decode with the scales these casts used, whatever happens to the buffers meanwhile.
@@ -76,7 +82,22 @@ class Fp8LinearFunction(torch.autograd.Function):
             grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight) -> object:
+    """Set this step's scales per `meta`'s recipe; returns the grad_scale_fn for Fp8LinearFunction.
+
+    x2d None: the input is cast elsewhere (a fused norm), which needs delayed scaling.
+    """
+    if not meta.uses_current_scaling():
+        meta.step_delayed_scaling()
+        return None
+    if x2d is not None:
+        meta.set_scale_from(INPUT, x2d)
+    if fp8_weight is None:
+        meta.set_scale_from(WEIGHT, weight)
+    return lambda grad: meta.set_scale_from(GRAD, grad)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, meta: Fp8Meta,
@@ -87,14 +108,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     receives the weight gradient (see Fp8LinearFunction.forward).
     """
     x2d = x.reshape(-1, x.shape[-1])
-    if meta.uses_current_scaling():
-        meta.set_scale_from(INPUT, x2d)
-        if fp8_weight is None:
-            meta.set_scale_from(WEIGHT, weight)
-        grad_scale_fn = lambda grad: meta.set_scale_from(GRAD, grad)  # noqa: E731
-    else:
-        meta.step_delayed_scaling()
-        grad_scale_fn = None
+    grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
     out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn, fp8_weight)
     meta.initialized = True
