@@ -5,6 +5,7 @@ from fp8mp.ops import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_ke
 from fp8mp.scaling import update_amax_history_and_scale
 from fp8mp.autocast import fp8_autocast, get_fp8_recipe, is_fp8_enabled
 from fp8mp import nn
+from fp8mp import monitor
 
 __version__ = "0.1.0"
 
@@ -20,5 +21,6 @@ __all__ = [
     "get_fp8_recipe",
     "is_fp8_enabled",
     "nn",
+    "monitor",
     "__version__",
 ]
