@@ -15,10 +15,12 @@ hooks return at once; `detach()` removes them.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -70,6 +72,7 @@ class Fp8Monitor:
             raise ValueError("Fp8Monitor: argument 'model' has no fp8mp.nn.Linear modules to monitor")
         self.every, self.grads = every, grads
         self.step = 0
+        self.paused = False
         self.records: list[LayerStep] = []
         self._input_counts: dict[str, CastCounts] = {}
         self._grad_counts: dict[str, CastCounts] = {}
@@ -81,8 +84,17 @@ class Fp8Monitor:
 
     @property
     def armed(self) -> bool:
-        """True when the current step is recorded (and the hooks are attached)."""
-        return bool(self._handles) and self.step % self.every == 0
+        """True when the current step is recorded (hooks attached, not paused, step a multiple of `every`)."""
+        return bool(self._handles) and not self.paused and self.step % self.every == 0
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Forwards inside the block are not counted (e.g. evaluation between training steps)."""
+        previous, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = previous
 
     def _pre_hook(self, name: str):
         def hook(module, args):

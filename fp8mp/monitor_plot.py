@@ -19,12 +19,13 @@ LOSS_PANELS = (
 
 
 def _draw(ax, monitor, field: str, title: str, percent: bool, log: bool) -> None:
-    for layer in monitor.layers:
+    colors = plt.get_cmap("tab20")
+    for i, layer in enumerate(monitor.layers):
         steps, values = monitor.history(layer, field)
         if percent:
             values = [100 * v for v in values]
         if steps and not all(math.isnan(v) for v in values):
-            ax.plot(steps, values, label=layer, linewidth=1)
+            ax.plot(steps, values, label=layer, linewidth=1, color=colors(i % 20))
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -36,7 +37,7 @@ def _save(fig, axes, path: str) -> str:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center right", fontsize=6, frameon=False)
-    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.tight_layout(rect=(0, 0, 0.84, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -132,11 +132,21 @@ def test_records_every_nth_step_and_only_fp8_steps():
     assert [(r.step, r.layer) for r in monitor.records] == [(0, "0"), (0, "2"), (2, "0"), (2, "2")]
     steps, amaxes = monitor.history("0", "amax_input")
     assert steps == [0, 2] and amaxes[1] > amaxes[0] > 0
+    with monitor.pause():
+        assert not monitor.armed
+        with fp8mp.fp8_autocast():
+            model(torch.randn(4, 16) * 1000)
+    assert monitor.record_step() == [] and len(monitor.records) == 4  # step 6 is recorded, but paused
+    monitor.record_step()
+    with fp8mp.fp8_autocast():
+        model(torch.randn(4, 16)).sum().backward()
+    assert len(monitor.record_step()) == 2  # step 8
+    monitor.record_step()  # step 9; step 10 would be recorded
     monitor.detach()
     assert not monitor.armed
     with fp8mp.fp8_autocast():
         model(torch.randn(4, 16)).sum().backward()
-    assert monitor.record_step() == [] and len(monitor.records) == 4
+    assert monitor.record_step() == [] and len(monitor.records) == 6
 
 
 def run_recorded(model, steps=3):
