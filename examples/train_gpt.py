@@ -56,14 +56,14 @@ PRECISIONS = {
 class TrainConfig:
     """Optimization and data settings shared by all runs."""
 
-    steps: int = 80
+    steps: int = 200
     batch_size: int = 8
     lr: float = 1e-3
     warmup_steps: int = 10
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
-    eval_every: int = 20
+    eval_every: int = 25
     eval_batches: int = 4
     corpus_bytes: int = 400_000
     monitor_every: int = 5
@@ -245,7 +245,7 @@ def configs_from(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
     if args.quick:
         return GPTConfig(n_layers=2, d_model=128, n_heads=4, context=64), TrainConfig(steps=30, batch_size=8, eval_every=10, seed=args.seed)
     model_config = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, context=args.context)
-    return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, eval_every=min(20, args.steps))
+    return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, eval_every=min(TrainConfig.eval_every, args.steps))
 
 
 def main(argv=None) -> None:
