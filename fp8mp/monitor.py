@@ -80,7 +80,7 @@ class Fp8Monitor:
         self._handles = []
         for name, module in self.layers.items():
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
-            self._handles.append(module.register_forward_hook(self._post_hook(name)))
+            self._handles.append(module.register_forward_hook(self._post_hook(name), with_kwargs=True))
 
     @property
     def armed(self) -> bool:
@@ -105,11 +105,12 @@ class Fp8Monitor:
         return hook
 
     def _post_hook(self, name: str):
-        def hook(module, args, output):
+        def hook(module, args, kwargs, output):
             if not self.armed or not autocast_state.is_fp8_enabled():
                 return
             meta = module.fp8_meta  # after the forward, scale[INPUT] is the scale the input was cast with
-            counts = count_cast_losses(args[0], meta.scale[INPUT], meta.format_of(INPUT))
+            x = args[0] if args else kwargs["input"]
+            counts = count_cast_losses(x, meta.scale[INPUT], meta.format_of(INPUT))
             self._input_counts[name] = self._input_counts.get(name, CastCounts()) + counts
             if self.grads and isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(lambda grad: self._pending_grads.setdefault(name, []).append(grad.detach()))

@@ -149,6 +149,17 @@ def test_records_every_nth_step_and_only_fp8_steps():
     assert monitor.record_step() == [] and len(monitor.records) == 6
 
 
+def test_input_passed_by_keyword_is_counted():
+    layer = fp8mp.nn.Linear(8, 4)
+    monitor = fp8mp.monitor.attach(layer, grads=False)
+    x = torch.full((2, 8), 1.0)
+    x[0, 0] = 1e-30  # flushed at scale 448
+    with fp8mp.fp8_autocast():
+        layer(input=x)
+    (row,) = monitor.record_step()
+    assert row.flushed_input == 1 / 16
+
+
 def run_recorded(model, steps=3):
     monitor = fp8mp.monitor.attach(model)
     for step in range(steps):
