@@ -25,7 +25,7 @@ $(shell mkdir -p $(VENV); [ "$$(cat $(MODE_FILE) 2>/dev/null)" = "$(FP8MP_CUDA)"
 .PHONY: demo test test-cpp test-py build bench system-deps clean
 
 demo: build
-	$(PY) examples/quickstart.py
+	$(PY) examples/train_gpt.py
 
 test: test-cpp test-py
 

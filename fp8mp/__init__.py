@@ -12,6 +12,7 @@ from fp8mp.amp import LossScaler
 from fp8mp.fp8_weight import fp8_model_init
 from fp8mp import optim
 from fp8mp import fallback
+from fp8mp import monitor
 
 __version__ = "0.1.0"
 
@@ -34,5 +35,6 @@ __all__ = [
     "fp8_model_init",
     "optim",
     "fallback",
+    "monitor",
     "__version__",
 ]

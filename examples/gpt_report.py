@@ -1,0 +1,73 @@
+"""The GPT example's outputs: the side-by-side table and the loss-curve PNG."""
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+GOAL = 0.005  # FP8 final loss within 0.5% (relative) of the baseline
+
+
+def relative(value: float, baseline: float) -> float:
+    return (value - baseline) / baseline
+
+
+def report_table(results) -> str:
+    """One row per run: final losses, their relative difference from BF16 and FP32, speed, memory."""
+    by_name = {r.name: r for r in results}
+    bf16, fp32 = by_name["BF16"], by_name["FP32"]
+    header = ("run", "train loss", "val loss", "val vs BF16", "val vs FP32", "train vs BF16", "train vs FP32", "median step", "peak RSS")
+    rows = [header]
+    for r in results:
+        rows.append((
+            r.name, f"{r.final_train:.4f}", f"{r.final_val:.4f}",
+            f"{relative(r.final_val, bf16.final_val):+.2%}", f"{relative(r.final_val, fp32.final_val):+.2%}",
+            f"{relative(r.final_train, bf16.final_train):+.2%}", f"{relative(r.final_train, fp32.final_train):+.2%}",
+            f"{r.median_step_s * 1000:.0f} ms", f"{r.peak_rss_mib:.0f} MiB",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.append("train loss: mean over the last 10% of steps (same batches in every run); val loss: final evaluation.")
+    fp8 = by_name["FP8"]
+    for base in (bf16, fp32):
+        diff = relative(fp8.final_val, base.final_val)
+        verdict = "within" if abs(diff) <= GOAL else "NOT within"
+        lines.append(f"FP8 final val loss vs {base.name}: {diff:+.3%}, {verdict} the {GOAL:.1%} goal")
+    return "\n".join(lines)
+
+
+def _smooth(values: list[float], weight: float = 0.9) -> list[float]:
+    out, avg = [], values[0]
+    for v in values:
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg)
+    return out
+
+
+def plot_losses(results, path: str) -> str:
+    """Train loss (raw, faint, and smoothed), val loss, and FP8's relative gap to each baseline; returns `path`."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig, (ax_train, ax_val, ax_gap) = plt.subplots(1, 3, figsize=(15, 4.2))
+    by_name = {r.name: r for r in results}
+    for r in results:
+        steps = range(1, len(r.train_losses) + 1)
+        (line,) = ax_train.plot(steps, _smooth(r.train_losses), label=r.name, linewidth=1.4)
+        ax_train.plot(steps, r.train_losses, color=line.get_color(), alpha=0.2, linewidth=0.8)
+        ax_val.plot(r.val_steps, r.val_losses, marker="o", label=r.name, color=line.get_color())
+    fp8 = by_name["FP8"]
+    for base in (by_name["BF16"], by_name["FP32"]):
+        gap = [100 * relative(a, b) for a, b in zip(_smooth(fp8.train_losses), _smooth(base.train_losses))]
+        ax_gap.plot(range(1, len(gap) + 1), gap, label=f"FP8 vs {base.name}")
+    ax_gap.axhspan(-100 * GOAL, 100 * GOAL, color="green", alpha=0.1, label="±0.5%")
+    for ax, title in ((ax_train, "train loss (smoothed; raw faint)"), (ax_val, "validation loss"), (ax_gap, "smoothed train loss gap, %")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,271 @@
+"""Train one small GPT three times -- FP8, BF16, FP32 -- with the same seed and batches, and compare.
+
+    python examples/train_gpt.py            # the `make demo` run (about 5 minutes on 2 CPU cores)
+    python examples/train_gpt.py --quick    # a smaller model, under a minute
+
+FP8: every projection (fp8mp.nn.Linear) computes in FP8 inside `fp8mp.fp8_autocast`
+(DelayedScaling, Format.HYBRID: E4M3 forward, E5M2 gradients) while the rest of
+the model runs under torch.autocast(bfloat16), so activations are bf16. BF16: the
+same torch.autocast(bfloat16) without FP8. FP32: no autocast. All three keep fp32
+master weights and AdamW state. Each run executes in its own process, so its
+peak memory (max RSS) is its own. Results: a table on stdout, loss curves and the
+FP8 numerics monitor's pictures under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fp8mp  # noqa: E402
+from corpus import make_corpus  # noqa: E402
+from gpt_model import GPT, GPTConfig  # noqa: E402
+from fp8mp.recipe import DelayedScaling, Format  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a run computes: `autocast_dtype` for torch.autocast (None: off), `fp8` for fp8mp.fp8_autocast."""
+
+    name: str
+    autocast_dtype: torch.dtype | None
+    fp8: bool
+
+
+PRECISIONS = {
+    "fp8": Precision("FP8", torch.bfloat16, fp8=True),
+    "bf16": Precision("BF16", torch.bfloat16, fp8=False),
+    "fp32": Precision("FP32", None, fp8=False),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization and data settings shared by all runs."""
+
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 25
+    eval_batches: int = 4
+    corpus_bytes: int = 400_000
+    monitor_every: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "corpus_bytes", "monitor_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TrainConfig: argument '{name}' must be an int >= 1, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig: argument 'lr' must be > 0, got {self.lr!r}")
+
+
+@dataclass
+class RunResult:
+    """What one run measured."""
+
+    name: str
+    train_losses: list[float]
+    val_steps: list[int]
+    val_losses: list[float]
+    step_seconds: list[float]
+    peak_rss_mib: float
+    fp8_modules: int = 0
+    fp8_amax_nonzero: bool = False
+    monitor_summary: str = ""
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def final_train(self) -> float:
+        """Mean training loss over the last 10% of steps (at least one): every run sees the same batches there."""
+        tail = self.train_losses[-max(1, len(self.train_losses) // 10) :]
+        return sum(tail) / len(tail)
+
+    @property
+    def final_val(self) -> float:
+        return self.val_losses[-1]
+
+    @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_seconds)
+
+
+def load_data(config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The generated corpus as byte ids, split 90% train / 10% validation."""
+    data = torch.frombuffer(bytearray(make_corpus(config.corpus_bytes)), dtype=torch.uint8).long()
+    split = int(0.9 * len(data))
+    return data[:split], data[split:]
+
+
+def batch_starts(data: torch.Tensor, count: int, batch_size: int, context: int, seed: int) -> torch.Tensor:
+    """[count, batch_size] random window starts; the same seed gives every run the same batches."""
+    if len(data) <= context + 1:
+        raise ValueError(f"the corpus ({len(data)} bytes) is too short for context {context}; raise --corpus-bytes")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(len(data) - context - 1, (count, batch_size), generator=gen)
+
+
+def get_batch(data: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    offsets = starts[:, None] + torch.arange(context + 1)
+    window = data[offsets]
+    return window[:, :-1], window[:, 1:]
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def precision_context(precision: Precision, recipe: DelayedScaling):
+    """torch.autocast (if any) around fp8mp.fp8_autocast; yields the fp8_autocast state."""
+    stack = contextlib.ExitStack()
+    if precision.autocast_dtype is not None:
+        stack.enter_context(torch.autocast("cpu", dtype=precision.autocast_dtype))
+    state = stack.enter_context(fp8mp.fp8_autocast(enabled=precision.fp8, fp8_recipe=recipe))
+    return stack, state
+
+
+@torch.no_grad()
+def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Precision, recipe) -> float:
+    """Mean validation loss over the fixed validation batches, in the run's own precision.
+
+    In FP8 these forwards also push their amaxes into the layers' delayed-scaling history,
+    as any forward inside fp8_autocast does.
+    """
+    model.eval()
+    losses = []
+    for batch_starts_ in starts:
+        x, y = get_batch(val, batch_starts_, model.config.context)
+        stack, _ = precision_context(precision, recipe)
+        with stack:
+            losses.append(model(x, y)[1].item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float) -> tuple[float, int]:
+    """One forward/backward/clip/update; returns (loss, number of modules that ran in FP8)."""
+    stack, state = precision_context(precision, recipe)
+    with stack:
+        _, loss = model(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item(), len(state.modules) if precision.fp8 else 0
+
+
+def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, out_dir: str | None = None) -> RunResult:
+    """Train a fresh GPT (seed `config.seed`) on the fixed batches in `precision`; returns its measurements."""
+    train_data, val_data = load_data(config)
+    starts = batch_starts(train_data, config.steps, config.batch_size, model_config.context, config.seed + 1)
+    val_starts = batch_starts(val_data, config.eval_batches, config.batch_size, model_config.context, config.seed + 2)
+    torch.manual_seed(config.seed)
+    model = GPT(model_config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    recipe = DelayedScaling(fp8_format=Format.HYBRID)
+    monitor = fp8mp.monitor.attach(model, every=config.monitor_every) if precision.fp8 else None
+    result = RunResult(precision.name, [], [], [], [], peak_rss_mib=0.0)
+    for step in tqdm(range(config.steps), desc=f"{precision.name:>4}", unit="step", dynamic_ncols=True, leave=True):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        x, y = get_batch(train_data, starts[step], model_config.context)
+        t0 = time.perf_counter()
+        loss, fp8_modules = train_step(model, optimizer, x, y, precision, recipe, config.grad_clip)
+        result.step_seconds.append(time.perf_counter() - t0)
+        result.train_losses.append(loss)
+        result.fp8_modules = max(result.fp8_modules, fp8_modules)
+        if monitor is not None:
+            monitor.record_step()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            with monitor.pause() if monitor is not None else contextlib.nullcontext():
+                result.val_losses.append(evaluate(model, val_data, val_starts, precision, recipe))
+            result.val_steps.append(step + 1)
+    _finish(result, model, monitor, out_dir)
+    return result
+
+
+def _finish(result: RunResult, model: GPT, monitor, out_dir: str | None) -> None:
+    result.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    linears = [m for m in model.modules() if isinstance(m, fp8mp.nn.Linear)]
+    result.fp8_amax_nonzero = bool(linears) and all(bool((m.fp8_meta.amax > 0).all()) for m in linears)
+    if monitor is None:
+        return
+    monitor.detach()
+    result.monitor_summary = monitor.summary()
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        result.files = [monitor.to_csv(os.path.join(out_dir, "fp8_monitor.csv")), *monitor.plot(out_dir)]
+
+
+def run_all(model_config: GPTConfig, config: TrainConfig, out_dir: str) -> list[RunResult]:
+    """The three runs, one process each (so max RSS is per run), in the order FP8, BF16, FP32."""
+    results = []
+    for precision in PRECISIONS.values():
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results.append(pool.submit(train, model_config, config, precision, out_dir).result())
+    return results
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
+    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
+    parser.add_argument("--layers", type=int, default=GPTConfig.n_layers)
+    parser.add_argument("--d-model", type=int, default=GPTConfig.d_model)
+    parser.add_argument("--heads", type=int, default=GPTConfig.n_heads)
+    parser.add_argument("--context", type=int, default=GPTConfig.context)
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    parser.add_argument("--quick", action="store_true", help="2 layers, d=128, context 64, 30 steps: under a minute")
+    return parser.parse_args(argv)
+
+
+def configs_from(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
+    if args.quick:
+        return GPTConfig(n_layers=2, d_model=128, n_heads=4, context=64), TrainConfig(steps=30, batch_size=8, eval_every=10, seed=args.seed)
+    model_config = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, context=args.context)
+    return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, eval_every=min(TrainConfig.eval_every, args.steps))
+
+
+def main(argv=None) -> None:
+    from gpt_report import plot_losses, report_table  # matplotlib only for the CLI
+
+    args = parse_args(argv)
+    model_config, config = configs_from(args)
+    print(f"fp8mp {fp8mp.__version__} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads")
+    print(f"model: {model_config}\ntrain: {config}\n")
+    t0 = time.perf_counter()
+    results = run_all(model_config, config, args.out)
+    fp8 = results[0]
+    print(f"\nFP8 numerics (fp8mp.monitor, every {config.monitor_every} steps; {fp8.fp8_modules} FP8 modules):")
+    print(fp8.monitor_summary)
+    print()
+    print(report_table(results))
+    files = [plot_losses(results, os.path.join(args.out, "loss_curves.png")), *fp8.files]
+    print(f"\nwrote {', '.join(os.path.relpath(f) for f in files)}")
+    print(f"total wall time {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
