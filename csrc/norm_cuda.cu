@@ -23,6 +23,7 @@
 #include "cuda_reduce.cuh"
 #include "fp8_format.h"
 #include "norm_common.h"
+#include "norm_entry_points.h"
 #include "op_checks.h"
 
 namespace fp8mp {
@@ -310,69 +311,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cuda(const at::Tensor& g
   return {grad_x, grad_w.to(wdtype), grad_b.to(wdtype)};
 }
 
-using NormFwdResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-
-NormFwdResult layernorm_fwd_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                 const std::optional<at::Tensor>& bias, double eps, bool zero_centered_gamma) {
-  constexpr const char* op = "fp8mp::layernorm_fwd";
-  check_norm_fwd_args(x, weight, bias, eps, op);
-  return norm_fwd_cuda<true>(x, weight, bias, eps, zero_centered_gamma, std::nullopt, nullptr, nullptr, op);
-}
-
-NormFwdResult layernorm_fwd_fp8_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                     const std::optional<at::Tensor>& bias, double eps, bool zero_centered_gamma,
-                                     const at::Tensor& scale, at::Tensor& amax, c10::string_view fmt) {
-  constexpr const char* op = "fp8mp::layernorm_fwd_fp8";
-  const Fp8Format format = check_norm_fwd_fp8_args(x, weight, bias, eps, scale, amax, fmt, op);
-  return norm_fwd_cuda<true>(x, weight, bias, eps, zero_centered_gamma, format, &scale, &amax, op);
-}
-
-NormFwdResult layernorm_bwd_cuda(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mean,
-                                 const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-                                 bool zero_centered_gamma) {
-  constexpr const char* op = "fp8mp::layernorm_bwd";
-  check_norm_bwd_args(grad_out, x, &mean, rstd, weight, op);
-  return norm_bwd_cuda<true>(grad_out, x, &mean, rstd, weight, zero_centered_gamma, op);
-}
-
-std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                                    double eps, bool zero_centered_gamma) {
-  constexpr const char* op = "fp8mp::rmsnorm_fwd";
-  check_norm_fwd_args(x, weight, std::nullopt, eps, op);
-  auto [out, mean, rstd] =
-      norm_fwd_cuda<false>(x, weight, std::nullopt, eps, zero_centered_gamma, std::nullopt, nullptr, nullptr, op);
-  return {out, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_fp8_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                                        double eps, bool zero_centered_gamma, const at::Tensor& scale,
-                                                        at::Tensor& amax, c10::string_view fmt) {
-  constexpr const char* op = "fp8mp::rmsnorm_fwd_fp8";
-  const Fp8Format format = check_norm_fwd_fp8_args(x, weight, std::nullopt, eps, scale, amax, fmt, op);
-  auto [out, mean, rstd] =
-      norm_fwd_cuda<false>(x, weight, std::nullopt, eps, zero_centered_gamma, format, &scale, &amax, op);
-  return {out, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cuda(const at::Tensor& grad_out, const at::Tensor& x,
-                                                    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-                                                    bool zero_centered_gamma) {
-  constexpr const char* op = "fp8mp::rmsnorm_bwd";
-  check_norm_bwd_args(grad_out, x, nullptr, rstd, weight, op);
-  auto [grad_x, grad_weight, unused] =
-      norm_bwd_cuda<false>(grad_out, x, nullptr, rstd, weight, zero_centered_gamma, op);
-  return {grad_x, grad_weight};
-}
+struct CudaNorm {
+  template <bool kCentered, typename... Args>
+  static NormFwdResult fwd(Args&&... args) {
+    return norm_fwd_cuda<kCentered>(std::forward<Args>(args)...);
+  }
+  template <bool kCentered, typename... Args>
+  static NormFwdResult bwd(Args&&... args) {
+    return norm_bwd_cuda<kCentered>(std::forward<Args>(args)...);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
-  m.impl("layernorm_fwd", &layernorm_fwd_cuda);
-  m.impl("layernorm_fwd_fp8", &layernorm_fwd_fp8_cuda);
-  m.impl("layernorm_bwd", &layernorm_bwd_cuda);
-  m.impl("rmsnorm_fwd", &rmsnorm_fwd_cuda);
-  m.impl("rmsnorm_fwd_fp8", &rmsnorm_fwd_fp8_cuda);
-  m.impl("rmsnorm_bwd", &rmsnorm_bwd_cuda);
-}
+TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { register_norm_ops<CudaNorm>(m); }
 
 }  // namespace fp8mp
