@@ -51,7 +51,10 @@ class Fp8LinearFunction(torch.autograd.Function):
             used_scale_inv = torch.cat((_col(meta_scale_inv, INPUT), fp8_weight[1]))
         out_bias = bias.to(x2d.dtype) if bias is not None else None
         out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype)
-        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv, meta_scale, meta_scale_inv, meta_amax)
+        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
+        # The scaling buffers are state, read and written in place by backward, not saved values: a module
+        # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
+        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax)
         ctx.transpose_weight = w_fp8_t is None
         ctx.backward_format = backward_format
         ctx.grad_scale_fn = grad_scale_fn
@@ -61,7 +64,8 @@ class Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_fp8_t, w_fp8_t, used_scale_inv, meta_scale, meta_scale_inv, meta_amax = ctx.saved_tensors
+        x_fp8_t, w_fp8_t, used_scale_inv = ctx.saved_tensors
+        meta_scale, meta_scale_inv, meta_amax = ctx.meta_buffers
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
