@@ -12,6 +12,8 @@ from fp8mp.amp import LossScaler
 from fp8mp.fp8_weight import fp8_model_init
 from fp8mp import optim
 from fp8mp import fallback
+from fp8mp import distributed
+from fp8mp.autocast import get_fp8_group
 
 __version__ = "0.1.0"
 
@@ -34,5 +36,7 @@ __all__ = [
     "fp8_model_init",
     "optim",
     "fallback",
+    "distributed",
+    "get_fp8_group",
     "__version__",
 ]

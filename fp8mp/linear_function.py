@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from fp8mp import distributed
 from fp8mp.fp8_meta import Fp8Meta, LinearTensor
 from fp8mp.gemm import fp8_gemm
 from fp8mp.ops import cast_to_fp8_transpose
@@ -84,19 +85,25 @@ class Fp8LinearFunction(torch.autograd.Function):
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, meta: Fp8Meta,
-               fp8_weight: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+               fp8_weight: tuple[torch.Tensor, torch.Tensor] | None = None, group=None,
+               ran_before: bool = False) -> torch.Tensor:
     """y = x @ weight.T + bias in FP8 per `meta`'s recipe, for x of shape [..., K].
 
     fp8_weight: (w_fp8, w_scale_inv), a stored FP8 weight to use as it is; `weight` then only
     receives the weight gradient (see Fp8LinearFunction.forward).
+    group: fp8_autocast's fp8_group (None: no reduction). Current scaling reduces each amax it
+    computes; delayed scaling reduces the module's amaxes first when `ran_before` (the module
+    already ran in this context: its last amaxes were not reduced at the context's entry).
     """
     x2d = x.reshape(-1, x.shape[-1])
     if meta.uses_current_scaling():
-        meta.set_scale_from(INPUT, x2d)
+        meta.set_scale_from(INPUT, x2d, group)
         if fp8_weight is None:
-            meta.set_scale_from(WEIGHT, weight)
-        grad_scale_fn = lambda grad: meta.set_scale_from(GRAD, grad)  # noqa: E731
+            meta.set_scale_from(WEIGHT, weight, group)
+        grad_scale_fn = lambda grad: meta.set_scale_from(GRAD, grad, group)  # noqa: E731
     else:
+        if group is not None and ran_before:
+            distributed.all_reduce_amax_(meta.amax, group)
         meta.step_delayed_scaling()
         grad_scale_fn = None
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
