@@ -63,12 +63,19 @@ def shard_loss(model, x, y, recipe, group) -> torch.Tensor:
     return ((out - y) ** 2).sum() / (GLOBAL_BATCH * DIM)
 
 
+def plain_name(name: str) -> str:
+    """A parameter/module name without the DDP ("module.") or torch.compile ("_orig_mod.") prefix."""
+    for prefix in ("module.", "_orig_mod."):
+        name = name.removeprefix(prefix)
+    return name
+
+
 def fp8_state(model) -> dict[str, torch.Tensor]:
     """name -> amax / amax_history / scale of every fp8mp Linear (names without wrapper prefixes)."""
     state = {}
     for name, m in model.named_modules():
         if isinstance(m, fp8mp.nn.Linear):
-            name = name.replace("_fsdp_wrapped_module.", "").replace("module.", "")
+            name = plain_name(name)
             state[name + ".amax"] = m.fp8_meta.amax.clone()
             state[name + ".amax_history"] = m.fp8_meta.amax_history.clone()
             state[name + ".scale"] = m.fp8_meta.scale.clone()
@@ -79,7 +86,7 @@ def full_params(model) -> dict[str, torch.Tensor]:
     params = {}
     for name, p in model.named_parameters():
         p = p.full_tensor() if hasattr(p, "full_tensor") else p
-        params[name.replace("module.", "")] = p.detach().clone()
+        params[plain_name(name)] = p.detach().clone()
     return params
 
 
@@ -119,7 +126,15 @@ def wrap(model, kind: str):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
         return model
+    if kind == "compile":  # gradients summed by sum_gradients after backward
+        return torch.compile(model, fullgraph=True)
     raise ValueError(f"unknown wrapper {kind!r}")
+
+
+def sum_gradients(model) -> None:
+    """For the unwrapped (compiled) model: what DDP with sum_allreduce_hook does."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
 
 
 SCENARIOS = {  # name -> (wrapper, recipe, repeat)
@@ -127,6 +142,9 @@ SCENARIOS = {  # name -> (wrapper, recipe, repeat)
     "fsdp2": ("fsdp2", DelayedScaling(amax_history_len=4), False),
     "ddp_current": ("ddp", CurrentScaling(), False),
     "ddp_repeat": ("ddp", DelayedScaling(amax_history_len=4), True),
+    # fp8_autocast entered in eager around a torch.compile(fullgraph=True) model; step 0's per-tensor
+    # reductions (current scaling) run inside the compiled forward and backward graphs.
+    "compile": ("compile", DelayedScaling(amax_history_len=4), False),
 }
 
 
@@ -142,6 +160,8 @@ def train_distributed(scenario: str) -> dict:
         loss = shard_loss(model, x[rows], y[rows], recipe, dist.group.WORLD)
         opt.zero_grad()
         loss.backward()
+        if kind == "compile":
+            sum_gradients(model)
         opt.step()
         total = loss.detach().clone()
         dist.all_reduce(total)
