@@ -70,3 +70,14 @@ def test_fp8_group_needs_initialized_process_group():
     with pytest.raises(RuntimeError, match="fp8_group"):
         with fp8mp.fp8_autocast(fp8_group=object()):
             pass
+
+
+def test_fp8_group_inside_fullgraph_compile_raises():
+    layer = fp8mp.nn.Linear(16, 16)
+
+    def forward(x):  # the compile check comes before the group's, so no process group is needed
+        with fp8mp.fp8_autocast(fp8_group=object()):
+            return layer(x)
+
+    with pytest.raises(Exception, match="outside torch.compile"):
+        torch.compile(forward, fullgraph=True)(torch.randn(2, 16))
