@@ -13,6 +13,8 @@ from fp8mp.fp8_weight import fp8_model_init
 from fp8mp import optim
 from fp8mp import fallback
 from fp8mp import monitor
+from fp8mp import distributed
+from fp8mp.autocast import get_fp8_group
 
 __version__ = "0.1.0"
 
@@ -36,5 +38,7 @@ __all__ = [
     "optim",
     "fallback",
     "monitor",
+    "distributed",
+    "get_fp8_group",
     "__version__",
 ]

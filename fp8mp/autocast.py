@@ -6,6 +6,9 @@
 
 Contexts nest (the innermost wins), restore the outer state on exceptions, and
 record which fp8mp modules ran inside them (`ctx.modules`).
+
+With `fp8_group`, amaxes are reduced over the group so that every rank computes the
+same scales: see fp8mp/distributed.py for what is reduced when.
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ from typing import Iterator
 
 import torch
 
+from fp8mp import distributed
 from fp8mp.recipe import DelayedScaling, Format, Recipe
 
-__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "Fp8AutocastState"]
+__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "Fp8AutocastState"]
 
 
 @dataclasses.dataclass
@@ -57,18 +61,28 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None, fp8_gro
     Args:
         enabled: False runs the block in the modules' own precision (handy to switch FP8 with a flag).
         fp8_recipe: DelayedScaling (default) or CurrentScaling.
-        fp8_group: torch.distributed process group over which amaxes are reduced (None: no reduction).
+        fp8_group: torch.distributed ProcessGroup over which amaxes are reduced so that every rank
+            computes the same scales (None: no reduction). Entering the context reduces, in one
+            all_reduce, the amaxes left by the previous context with the same group; enter it
+            outside torch.compile'd code (see fp8mp/distributed.py).
     Yields:
         The context's state; `state.modules` lists the fp8mp modules that ran inside it.
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"argument 'enabled' must be a bool, got {type(enabled).__name__}")
     state = Fp8AutocastState(enabled, validate_recipe(fp8_recipe if fp8_recipe is not None else DelayedScaling()), fp8_group)
+    if fp8_group is not None and enabled:
+        if torch.compiler.is_compiling():
+            raise RuntimeError("fp8_autocast(fp8_group=...) must be entered outside torch.compile'd code: compile the "
+                               "model and call it inside the context (the amax reduction at entry runs in eager)")
+        distributed.reduce_pending_amaxes(fp8_group)
     _STACK.append(state)
     try:
         yield state
     finally:
         _STACK.pop()
+        if fp8_group is not None and enabled:
+            distributed.remember_modules(fp8_group, state.modules)
 
 
 def current_state() -> Fp8AutocastState | None:
@@ -83,9 +97,19 @@ def get_fp8_recipe() -> Recipe | None:
     return _STACK[-1].recipe if _STACK else None
 
 
-def record_module(module: torch.nn.Module) -> None:
-    """Called by fp8mp modules' forward: every enclosing context learns the module ran."""
-    if torch.compiler.is_compiling():
-        return  # bookkeeping only; keeps compiled graphs free of Python side effects
+def get_fp8_group():
+    """The innermost context's `fp8_group` (None outside fp8_autocast or without a group)."""
+    return _STACK[-1].fp8_group if _STACK else None
+
+
+def record_module(module: torch.nn.Module) -> bool:
+    """Called by fp8mp modules' forward: every enclosing context learns the module ran.
+
+    Returns True when the module already ran in the innermost context (a repeated call in one step).
+    Also runs under torch.compile (a dict update Dynamo replays after the graph), so the amaxes of
+    compiled modules are reduced at the next `fp8_autocast(fp8_group=...)` entry too.
+    """
+    ran_before = bool(_STACK) and id(module) in _STACK[-1]._modules
     for state in _STACK:
         state._modules[id(module)] = module
+    return ran_before

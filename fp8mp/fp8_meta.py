@@ -10,6 +10,7 @@ import enum
 
 import torch
 
+from fp8mp import distributed
 from fp8mp.recipe import CurrentScaling, DelayedScaling, Recipe
 from fp8mp.scaling import compute_scale, update_amax_history_and_scale
 from fp8mp.fp8_format import FP8_MAX
@@ -102,12 +103,18 @@ class Fp8Meta(torch.nn.Module):
             self.amax, self.amax_history, self.scale, self.scale_inv, self.fp8_max, recipe.margin, recipe.amax_compute_algo
         )
 
-    def set_scale_from(self, index: int, tensor: torch.Tensor) -> None:
-        """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor)."""
+    def set_scale_from(self, index: int, tensor: torch.Tensor, group=None) -> None:
+        """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor).
+
+        group: a torch.distributed ProcessGroup over which that amax is max-reduced first (one
+        all_reduce per call), so every rank gets the same scale; None: this rank's amax alone.
+        """
         if tensor.numel() == 0:  # amax of nothing is 0, which keeps the previous scale
             amax = torch.zeros(1, device=tensor.device)
         else:
             amax = tensor.detach().abs().amax().float().reshape(1)
+        if group is not None:
+            amax = distributed.all_reduce_amax_(amax, group)
         new_scale = compute_scale(amax, float(FP8_MAX[self.format_of(index)]), self.recipe.margin, self.scale[index : index + 1])
         self.scale[index : index + 1].copy_(new_scale)
         self.scale_inv[index : index + 1].copy_(new_scale.reciprocal())

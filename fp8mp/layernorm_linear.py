@@ -55,10 +55,13 @@ class NormToFp8(torch.autograd.Function):
 
 
 def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor, bias: torch.Tensor | None,
-                    meta: Fp8Meta, eps: float, is_layernorm: bool) -> torch.Tensor:
-    """linear(norm(x)) with the norm's output cast to FP8 inside the norm kernel (delayed scaling only)."""
+                    meta: Fp8Meta, eps: float, is_layernorm: bool, group=None, ran_before: bool = False) -> torch.Tensor:
+    """linear(norm(x)) with the norm's output cast to FP8 inside the norm kernel (delayed scaling only).
+
+    group / ran_before: amax reduction across ranks, as for fp8mp.linear_function.fp8_linear.
+    """
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
-    grad_scale_fn = prepare_scales(meta, None, weight, None)
+    grad_scale_fn = prepare_scales(meta, None, weight, None, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
     y_fp8, y_fp8_t, route = NormToFp8.apply(
         x2d, norm.weight, getattr(norm, "bias", None), eps, norm.zero_centered_gamma, is_layernorm,

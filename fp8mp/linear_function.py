@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from fp8mp import distributed
 from fp8mp.fp8_meta import Fp8Meta, LinearTensor
 from fp8mp.gemm import fp8_gemm
 from fp8mp.ops import cast_to_fp8_transpose
@@ -57,7 +58,10 @@ class Fp8LinearFunction(torch.autograd.Function):
             used_scale_inv = torch.cat((_col(meta_scale_inv, INPUT), fp8_weight[1]))
         out_bias = bias.to(x2d.dtype) if bias is not None else None
         out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype)
-        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv, meta_scale, meta_scale_inv, meta_amax)
+        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
+        # The scaling buffers are state, read and written in place by backward, not saved values: a module
+        # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
+        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax)
         ctx.transpose_weight = w_fp8_t is None
         ctx.backward_format = backward_format
         ctx.grad_scale_fn = grad_scale_fn
@@ -67,7 +71,8 @@ class Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_fp8_t, w_fp8_t, used_scale_inv, meta_scale, meta_scale_inv, meta_amax = ctx.saved_tensors
+        x_fp8_t, w_fp8_t, used_scale_inv = ctx.saved_tensors
+        meta_scale, meta_scale_inv, meta_amax = ctx.meta_buffers
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
@@ -85,30 +90,38 @@ class Fp8LinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
 
 
-def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight) -> object:
+def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
+                   group=None, ran_before: bool = False) -> object:
     """Set this step's scales per `meta`'s recipe; returns the grad_scale_fn for Fp8LinearFunction.
 
     x2d None: the input is cast elsewhere (a fused norm), which needs delayed scaling.
+    group / ran_before: see fp8_linear.
     """
     if not meta.uses_current_scaling():
+        if group is not None and ran_before:
+            distributed.all_reduce_amax_(meta.amax, group)
         meta.step_delayed_scaling()
         return None
     if x2d is not None:
-        meta.set_scale_from(INPUT, x2d)
+        meta.set_scale_from(INPUT, x2d, group)
     if fp8_weight is None:
-        meta.set_scale_from(WEIGHT, weight)
-    return lambda grad: meta.set_scale_from(GRAD, grad)
+        meta.set_scale_from(WEIGHT, weight, group)
+    return lambda grad: meta.set_scale_from(GRAD, grad, group)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, meta: Fp8Meta,
-               fp8_weight: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+               fp8_weight: tuple[torch.Tensor, torch.Tensor] | None = None, group=None,
+               ran_before: bool = False) -> torch.Tensor:
     """y = x @ weight.T + bias in FP8 per `meta`'s recipe, for x of shape [..., K].
 
     fp8_weight: (w_fp8, w_scale_inv), a stored FP8 weight to use as it is; `weight` then only
     receives the weight gradient (see Fp8LinearFunction.forward).
+    group: fp8_autocast's fp8_group (None: no reduction). Current scaling reduces each amax it
+    computes; delayed scaling reduces the module's amaxes first when `ran_before` (the module
+    already ran in this context: its last amaxes were not reduced at the context's entry).
     """
     x2d = x.reshape(-1, x.shape[-1])
-    grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight)
+    grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
     out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn, fp8_weight)
     meta.initialized = True
