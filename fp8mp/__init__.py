@@ -13,6 +13,8 @@ from fp8mp.fp8_weight import fp8_model_init
 from fp8mp import optim
 from fp8mp import fallback
 from fp8mp import monitor
+from fp8mp.trainer_config import TrainerConfig
+from fp8mp.trainer import Trainer
 
 __version__ = "0.1.0"
 
@@ -36,5 +38,7 @@ __all__ = [
     "optim",
     "fallback",
     "monitor",
+    "Trainer",
+    "TrainerConfig",
     "__version__",
 ]
