@@ -15,6 +15,8 @@ from fp8mp import fallback
 from fp8mp import monitor
 from fp8mp import distributed
 from fp8mp.autocast import get_fp8_group
+from fp8mp.trainer_config import TrainerConfig
+from fp8mp.trainer import Trainer
 
 __version__ = "0.1.0"
 
@@ -40,5 +42,7 @@ __all__ = [
     "monitor",
     "distributed",
     "get_fp8_group",
+    "Trainer",
+    "TrainerConfig",
     "__version__",
 ]

@@ -7,3 +7,7 @@ from fp8mp.nn.layernorm_linear import LayerNormLinear
 FP8_MODULES = (Linear, LayerNorm, RMSNorm)
 
 __all__ = ["Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "FP8_MODULES"]
+from fp8mp.nn.lora import LoRALinear  # noqa: E402
+from fp8mp.nn import lora  # noqa: E402,F401
+
+__all__ += ["LoRALinear"]

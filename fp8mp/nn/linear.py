@@ -38,6 +38,7 @@ class Linear(torch.nn.Linear):
         # A recipe for this module alone (e.g. set by fp8mp.convert); None follows fp8_autocast's.
         self.fp8_recipe = None
         self.fp8_fallback = False
+        self.weight_frozen = False  # set by freeze_weight()
         self._master_weight_ref = None
         if fp8_weight_storage.is_fp8_model_init() if fp8_weight is None else fp8_weight:
             self._store_weight_in_fp8()
@@ -102,9 +103,19 @@ class Linear(torch.nn.Linear):
                              f"{tuple(self.weight_fp8.shape)}, got {type(master).__name__} {tuple(getattr(master, 'shape', ()))}")
         self._master_weight_ref = weakref.ref(master)
 
+    def freeze_weight(self) -> None:
+        """Never train this layer's weight: `requires_grad` off, and an FP8-stored weight then needs no master.
+
+        A frozen FP8-stored layer runs in training mode with grad enabled (gradients still flow to its
+        input), e.g. as the base of a LoRA adapter (fp8mp.nn.LoRALinear). The bias is left as it is.
+        """
+        self.weight_frozen = True
+        if self.weight is not None:
+            self.weight.requires_grad_(False)
+
     def _weight_grad_leaf(self) -> torch.nn.Parameter | None:
         master = self._master_weight_ref() if self._master_weight_ref is not None else None
-        if master is None and self.training and torch.is_grad_enabled():
+        if master is None and self.training and torch.is_grad_enabled() and not self.weight_frozen:
             raise RuntimeError(
                 "fp8mp.nn.Linear with an FP8 weight has no master weight to receive its gradient: create "
                 "fp8mp.optim.MasterWeightOptimizer(optimizer, model) before training, or run inference under "

@@ -33,7 +33,8 @@ class MasterWeightOptimizer:
             parameters plus the FP32 masters (the usual choice); or an optimizer already built over
             `model.parameters()`, to which the masters are added as one new param group (with its
             defaults).
-        model: a module containing at least one FP8-weight `fp8mp.nn.Linear`.
+        model: a module containing at least one FP8-weight `fp8mp.nn.Linear` (layers frozen with
+            `freeze_weight()` get no master and are not trained).
 
     Has the optimizer interface `LossScaler` and training loops use: `step`, `zero_grad`,
     `param_groups`, `state`, `state_dict`, `load_state_dict`. The masters are in `state_dict()`.
@@ -42,9 +43,10 @@ class MasterWeightOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer | OptimizerFactory, model: torch.nn.Module):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"MasterWeightOptimizer: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
-        self.layers = [m for m in model.modules() if getattr(m, "stores_fp8_weight", False)]
+        self.layers = [m for m in model.modules()
+                       if getattr(m, "stores_fp8_weight", False) and not getattr(m, "weight_frozen", False)]
         if not self.layers:
-            raise ValueError("MasterWeightOptimizer: argument 'model' has no fp8mp.nn.Linear storing its weight in FP8 "
+            raise ValueError("MasterWeightOptimizer: argument 'model' has no unfrozen fp8mp.nn.Linear storing its weight in FP8 "
                              "(create them with fp8_weight=True or inside fp8mp.fp8_model_init())")
         self.masters = [self._new_master(layer) for layer in self.layers]
         self.optimizer = self._build(optimizer, model)
