@@ -13,6 +13,8 @@ import torch
 import fp8mp
 from fp8mp.fp8_weight import state_dict_bytes
 
+from timing import markdown_table
+
 LAYERS = [(64, 64), (1024, 1024), (4096, 1024), (4096, 4096)]
 MLP_WIDTHS = [512, 2048, 2048, 512]
 
@@ -32,13 +34,20 @@ def row(name: str, build) -> dict:
     return {"model": name, "fp32": fp32_bytes, "fp8": fp8_bytes, "ratio": fp8_bytes / fp32_bytes}
 
 
-def main() -> None:
+def run(device: str = "cpu") -> list[dict]:
+    """Sizes do not depend on the device: the layers are built on the CPU."""
     rows = [row(f"Linear {k}->{n}", lambda layer, k=k, n=n: layer(k, n)) for k, n in LAYERS]
     rows.append(row("MLP " + "-".join(map(str, MLP_WIDTHS)), lambda layer: mlp(MLP_WIDTHS, layer)))
-    print("| model | FP32 bytes | FP8 bytes | ratio |")
-    print("|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['model']} | {r['fp32']:,} | {r['fp8']:,} | {r['ratio']:.4f} |")
+    return rows
+
+
+def table(rows: list[dict], device: str = "cpu") -> str:
+    cells = [[r["model"], f"{r['fp32']:,}", f"{r['fp8']:,}", f"{r['ratio']:.4f}"] for r in rows]
+    return markdown_table("weight memory: FP8 storage vs FP32", ["model", "FP32 bytes", "FP8 bytes", "ratio"], cells)
+
+
+def main() -> None:
+    print(table(run()))
 
 
 if __name__ == "__main__":

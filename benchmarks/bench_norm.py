@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cast import median_time  # noqa: E402
+from timing import markdown_table, median_time, parse_shapes, where  # noqa: E402
 
 import fp8mp  # noqa: E402,F401
 
@@ -70,34 +70,34 @@ def bench_one(norm: str, rows: int, hidden: int, dtype: torch.dtype, device: str
     }
 
 
-def format_table(rows: list[dict], title: str) -> str:
-    lines = [
-        f"### {title}",
-        "",
-        "| norm | shape | fp8mp fused ms | torch norm + cast ms | ratio (peer / fp8mp) | fp8mp norm ms | torch norm ms | ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['norm']} | {r['shape']} | {r['fused_ms']:.2f} | {r['peer_ms']:.2f} | {r['ratio']:.2f}x | "
-            f"{r['ours_hp_ms']:.2f} | {r['torch_hp_ms']:.2f} | {r['hp_ratio']:.2f}x |"
-        )
-    return "\n".join(lines)
+DEFAULT_SHAPES = {"cpu": "8192x1024,16384x4096", "cuda": "16384x4096,65536x8192"}
+
+
+def run(device: str, shapes: str | None = None, dtype: str = "float32") -> list[dict]:
+    rows = [bench_one(norm, r, h, getattr(torch, dtype), device)
+            for norm in ("layernorm", "rmsnorm") for r, h in parse_shapes(shapes or DEFAULT_SHAPES[device])]
+    for row in rows:
+        row["dtype"] = dtype
+    return rows
+
+
+def table(rows: list[dict], device: str) -> str:
+    headers = ["norm", "shape", "fp8mp fused ms", "torch norm + cast ms", "vs torch norm + cast", "fp8mp norm ms",
+               "torch norm ms", "vs torch norm"]
+    cells = [[r["norm"], r["shape"], f"{r['fused_ms']:.2f}", f"{r['peer_ms']:.2f}", f"{r['ratio']:.2f}x",
+              f"{r['ours_hp_ms']:.2f}", f"{r['torch_hp_ms']:.2f}", f"{r['hp_ratio']:.2f}x"] for r in rows]
+    return markdown_table(f"norm + FP8 cast, {rows[0]['dtype']} -> e4m3, {where(device)}", headers, cells)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--shapes", default="8192x1024,16384x4096")
+    parser.add_argument("--shapes", default=None, help="comma-separated ROWSxHIDDEN (default depends on device)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         raise SystemExit("--device cuda: no CUDA device or fp8mp was built without CUDA kernels")
-    dtype = getattr(torch, args.dtype)
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
-    rows = [bench_one(norm, r, h, dtype, args.device) for norm in ("layernorm", "rmsnorm") for r, h in shapes]
-    threads = f", {torch.get_num_threads()} threads" if args.device == "cpu" else ""
-    print(format_table(rows, f"norm + FP8 cast, {args.dtype} -> e4m3, {args.device}{threads}"))
+    print(table(run(args.device, args.shapes, args.dtype), args.device))
 
 
 if __name__ == "__main__":

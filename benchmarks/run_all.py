@@ -66,7 +66,11 @@ def run_benchmarks(device: str, quick: bool) -> tuple[dict[str, list[dict]], lis
             sections.append(f"### {name}\n\nnot run: {error}")
             continue
         started = time.perf_counter()
-        rows = module.run(device, **kwargs, **(QUICK.get(name, {}) if quick else {}))
+        try:
+            rows = module.run(device, **kwargs, **(QUICK.get(name, {}) if quick else {}))
+        except (SystemExit, RuntimeError) as error:  # a benchmark that does not run on this device
+            sections.append(f"### {name}\n\nnot run on {device}: {error}")
+            continue
         results[name] = rows
         sections.append(module.table(rows, device) + f"\n\n({time.perf_counter() - started:.0f} s)")
     return results, sections
