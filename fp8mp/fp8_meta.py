@@ -24,6 +24,14 @@ class LinearTensor(enum.IntEnum):
     GRAD_OUTPUT = 2
 
 
+def keep_buffer_dtypes(module: torch.nn.Module, dtypes: dict[str, torch.dtype]) -> None:
+    """Undo a dtype conversion of the named buffers (after `model.bfloat16()`, `model.to(dtype)`...)."""
+    for name, dtype in dtypes.items():
+        buffer = module._buffers.get(name)
+        if buffer is not None and buffer.dtype != dtype:
+            module._buffers[name] = buffer.to(dtype)
+
+
 class Fp8Meta(torch.nn.Module):
     """Scaling buffers for `num_tensors` FP8 tensors of one module.
 
@@ -48,6 +56,13 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("scale", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("scale_inv", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
+        # bf16 scale would round. Device moves apply as usual.
+        super()._apply(fn, recurse)
+        keep_buffer_dtypes(self, {name: torch.float32 for name in self._buffers})
+        return self
 
     # ------------------------------------------------------------ checkpoints
     # The scaling state travels in the module's state_dict as "<prefix>fp8_meta._extra_state",

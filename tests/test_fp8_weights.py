@@ -292,3 +292,13 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="'enabled'"):
         with fp8mp.fp8_model_init(enabled=1):
             pass
+
+
+def test_dtype_conversion_keeps_stored_fp8_weight():
+    with fp8mp.fp8_model_init():
+        layer = fp8mp.nn.Linear(32, 16)
+    bits = layer.weight_fp8.view(torch.uint8).clone()
+    layer.bfloat16()
+    assert layer.weight_fp8.dtype == torch.float8_e4m3fn and torch.equal(layer.weight_fp8.view(torch.uint8), bits)
+    assert layer.weight_scale.dtype == layer.weight_scale_inv.dtype == torch.float32
+    assert layer.bias.dtype == torch.bfloat16

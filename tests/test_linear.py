@@ -241,3 +241,14 @@ def test_module_running_twice_per_step(recipe):
     out_ref.sum().backward()
     assert sqnr_db(out_ref.detach(), out.detach()) >= 20
     assert sqnr_db(ref.weight.grad, fp8.weight.grad) >= 15
+
+
+def test_model_dtype_conversion_keeps_fp8_state_in_fp32():
+    model = torch.nn.Sequential(fp8mp.nn.Linear(32, 32), torch.nn.GELU(), fp8mp.nn.Linear(32, 16)).bfloat16()
+    assert model[0].weight.dtype == torch.bfloat16
+    for layer in (model[0], model[2]):
+        assert all(b.dtype == torch.float32 for b in layer.fp8_meta.buffers())
+    for _ in range(2):
+        out, dx = run_step(model, torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16),
+                           DelayedScaling())
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all() and model[0].weight.grad.dtype == torch.bfloat16

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from fp8mp import autocast as autocast_state
 from fp8mp import fp8_weight as fp8_weight_storage
 from fp8mp.fp8_format import HIGH_PRECISION_DTYPES
-from fp8mp.fp8_meta import Fp8Meta, LinearTensor
+from fp8mp.fp8_meta import Fp8Meta, LinearTensor, keep_buffer_dtypes
 from fp8mp.linear_function import fp8_linear
 
 
@@ -79,6 +79,15 @@ class Linear(torch.nn.Linear):
         self.register_buffer("weight_scale", torch.ones(1, **factory))
         self.register_buffer("weight_scale_inv", torch.ones(1, **factory))
         self.quantize_weight_from(weight)
+
+    def _apply(self, fn, recurse=True):
+        # model.bfloat16() / .to(dtype) convert every floating-point buffer, float8 included: keep the
+        # stored FP8 weight and its scales in their own dtypes (the round trip through bf16 is exact).
+        super()._apply(fn, recurse)
+        if self.stores_fp8_weight:
+            keep_buffer_dtypes(self, {"weight_fp8": fp8_weight_storage.WEIGHT_DTYPE, "weight_scale": torch.float32,
+                                      "weight_scale_inv": torch.float32})
+        return self
 
     @property
     def stores_fp8_weight(self) -> bool:
