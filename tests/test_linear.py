@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fp8mp
+import tiny_task
 from fp8mp.recipe import CurrentScaling, DelayedScaling, Format
 
 RECIPES = [DelayedScaling(), CurrentScaling(), DelayedScaling(fp8_format=Format.E4M3, amax_history_len=16)]
@@ -119,26 +120,12 @@ def test_first_step_of_delayed_scaling_does_not_saturate():
 
 
 def test_tiny_mlp_trains_like_fp32():
-    def train(fp8: bool) -> float:
-        torch.manual_seed(0)
-        layer = fp8mp.nn.Linear if fp8 else torch.nn.Linear
-        model = torch.nn.Sequential(layer(32, 64), torch.nn.GELU(), layer(64, 64), torch.nn.GELU(), layer(64, 1))
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        gen = torch.Generator().manual_seed(1)
-        w_true = torch.randn(32, 1, generator=gen)
-        losses = []
-        for _ in range(200):
-            x = torch.randn(128, 32, generator=gen)
-            y = torch.sin(x @ w_true)
-            with fp8mp.fp8_autocast(enabled=fp8):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return sum(losses[-20:]) / 20
-
-    fp32_loss, fp8_loss = train(False), train(True)
+    results = {}
+    for fp8, layer in ((False, torch.nn.Linear), (True, fp8mp.nn.Linear)):
+        model = tiny_task.mlp(layer)
+        results[fp8] = tiny_task.train(model, torch.optim.AdamW(model.parameters(), lr=3e-3), fp8=fp8)
+        tiny_task.assert_learned(*results[fp8])
+    fp32_loss, fp8_loss = results[False][1], results[True][1]
     assert abs(fp8_loss - fp32_loss) / fp32_loss <= 0.02, (fp8_loss, fp32_loss)
 
 
