@@ -64,12 +64,28 @@ class FallbackPolicy:
     Args:
         max_bad_steps: int >= 1, bad steps in a row that send a layer to high precision.
         cooldown_steps: int >= 1, steps the layer then runs in high precision before retrying FP8.
+        fp8_group: torch.distributed process group (the one given to fp8_autocast): a layer is judged
+            bad when it overflowed on any rank (one all_reduce per step), so every rank falls back together.
     """
 
-    def __init__(self, max_bad_steps: int = 2, cooldown_steps: int = 100):
+    def __init__(self, max_bad_steps: int = 2, cooldown_steps: int = 100, fp8_group=None):
         self.max_bad_steps = _check_int("max_bad_steps", max_bad_steps, 1)
         self.cooldown_steps = _check_int("cooldown_steps", cooldown_steps, 1)
+        self.fp8_group = fp8_group
         self._states: dict[str, _LayerState] = {}
+
+    def state_dict(self) -> dict:
+        """Per-layer counters (bad steps in a row, cooldown left), for checkpoints."""
+        return {name: dataclasses.asdict(state) for name, state in self._states.items()}
+
+    def load_state_dict(self, state_dict: dict, model: torch.nn.Module) -> None:
+        """Restore `state_dict()`'s counters and set `model`'s layers in cooldown back to high precision."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"FallbackPolicy.load_state_dict: argument 'state_dict' must be a dict, got {type(state_dict).__name__}")
+        self._states = {name: _LayerState(**fields) for name, fields in state_dict.items()}
+        for name, layer in _fp8_layers(model):
+            state = self._states.get(name)
+            layer.fp8_fallback = state is not None and state.cooldown_left > 0
 
     def step(self, model: torch.nn.Module) -> None:
         """Judge this step for every fp8mp layer of `model` and flip their `fp8_fallback` flags."""
@@ -86,14 +102,16 @@ class FallbackPolicy:
             if state.bad_steps >= self.max_bad_steps:
                 self._fall_back(name, layer, state)
 
-    @staticmethod
-    def _bad_flags(layers: list[torch.nn.Module]) -> list[bool]:
-        """Whether each layer's amax holds an Inf/NaN: one stacked reduction, one sync."""
+    def _bad_flags(self, layers: list[torch.nn.Module]) -> list[bool]:
+        """Whether each layer's amax holds an Inf/NaN (on any rank of fp8_group): one stacked reduction, one sync."""
         if not layers:
             return []
         device = layers[0].fp8_meta.amax.device
-        flags = [~torch.isfinite(layer.fp8_meta.amax).all().to(device, non_blocking=True) for layer in layers]
-        return torch.stack(flags).tolist()
+        flags = torch.stack([~torch.isfinite(layer.fp8_meta.amax).all().to(device, non_blocking=True) for layer in layers])
+        if self.fp8_group is not None:
+            flags = flags.to(torch.int32)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self.fp8_group)
+        return [bool(flag) for flag in flags.tolist()]
 
     def _fall_back(self, name: str, layer: torch.nn.Module, state: _LayerState) -> None:
         layer.fp8_fallback = True

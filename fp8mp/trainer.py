@@ -147,7 +147,8 @@ class Trainer:
         Tensors are references, as in torch's state_dicts: torch.save it (or copy.deepcopy) to keep it.
         """
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(), "step": self.step}
+                "scaler": self.scaler.state_dict(), "step": self.step,
+                "fallback": self.fallback.state_dict() if self.fallback is not None else None}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore what `state_dict()` returned; training then continues as it would have."""
@@ -158,6 +159,8 @@ class Trainer:
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self.scaler.load_state_dict(state_dict["scaler"])
         self.step = int(state_dict["step"])
+        if self.fallback is not None and state_dict.get("fallback") is not None:
+            self.fallback.load_state_dict(state_dict["fallback"], self.model)
 
 
 # --------------------------------------------------------------------------------- model preparation

@@ -111,3 +111,22 @@ def test_bad_arguments(kwargs, name):
         FallbackPolicy(**kwargs)
     with pytest.raises(TypeError, match="'model'"):
         FallbackPolicy().step([fp8mp.nn.Linear(4, 4)])
+
+
+def test_policy_state_round_trips_with_the_layers_flags():
+    model = make_model()
+    probe = Probe(model[2])
+    policy = FallbackPolicy(max_bad_steps=1, cooldown_steps=4)
+    train(model, policy, probe, poison_steps={0}, steps=2, recipe=CurrentScaling())  # falls back, 3 steps left
+    saved = policy.state_dict()
+    assert saved["2"] == {"bad_steps": 0, "cooldown_left": 3}
+
+    resumed_model, resumed_policy = make_model(), FallbackPolicy(max_bad_steps=1, cooldown_steps=4)
+    resumed_model.load_state_dict(model.state_dict())
+    resumed_policy.load_state_dict(saved, resumed_model)
+    assert resumed_policy.layers_in_fallback(resumed_model) == ["2"]
+    resumed_probe = Probe(resumed_model[2])
+    train(resumed_model, resumed_policy, resumed_probe, poison_steps=set(), steps=4, recipe=CurrentScaling())
+    assert resumed_probe.ran_high_precision == [True, True, True, False]  # the rest of the cooldown, then FP8
+    with pytest.raises(TypeError, match="'state_dict'"):
+        resumed_policy.load_state_dict([1], resumed_model)
