@@ -172,6 +172,30 @@ def train_distributed(scenario: str) -> dict:
     return {"losses": losses, "fp8_state": fp8_state(model), "params": full_params(model)}
 
 
+FALLBACK_STEPS = 6
+
+
+def fallback_agreement() -> dict:
+    """Only rank 1 overflows (an Inf in its input at steps 0 and 1); with fp8_group every rank's
+    FallbackPolicy must send the layers to high precision together. Returns, per step, the layers
+    in fallback after policy.step."""
+    from fp8mp.fallback import FallbackPolicy
+
+    model = make_model()
+    policy = FallbackPolicy(max_bad_steps=2, cooldown_steps=2, fp8_group=dist.group.WORLD)
+    in_fallback = []
+    for step in range(FALLBACK_STEPS):
+        x, _ = batch(step)
+        if dist.get_rank() == 1 and step < 2:
+            x = x.clone()
+            x[0, 0] = float("inf")
+        with torch.no_grad(), fp8mp.fp8_autocast(fp8_recipe=CurrentScaling(), fp8_group=dist.group.WORLD):
+            model(x)
+        policy.step(model)
+        in_fallback.append(policy.layers_in_fallback(model))
+    return {"in_fallback": in_fallback}
+
+
 def check_same_on_every_rank(state: dict[str, torch.Tensor]) -> None:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, state)
@@ -185,8 +209,14 @@ def main(out_dir: str, scenarios: list[str]) -> None:
     torch.set_num_threads(1)
     try:
         for scenario in scenarios:
-            result = train_distributed(scenario)
-            check_same_on_every_rank(result["fp8_state"])
+            if scenario == "fallback":
+                result = fallback_agreement()
+                gathered = [None] * dist.get_world_size()
+                dist.all_gather_object(gathered, result["in_fallback"])
+                result["per_rank"] = gathered
+            else:
+                result = train_distributed(scenario)
+                check_same_on_every_rank(result["fp8_state"])
             if dist.get_rank() == 0:
                 torch.save(result, os.path.join(out_dir, f"{scenario}.pt"))
     finally:

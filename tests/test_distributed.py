@@ -43,12 +43,12 @@ def distributed_results(tmp_path_factory) -> dict[str, dict]:
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), os.path.join(repo, "tests", "dist_worker.py"), str(out_dir),
-           *dist_worker.SCENARIOS]
+           *dist_worker.SCENARIOS, "fallback"]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     print(f"torchrun: {time.monotonic() - start:.1f} s")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    return {name: torch.load(out_dir / f"{name}.pt") for name in dist_worker.SCENARIOS}
+    return {name: torch.load(out_dir / f"{name}.pt") for name in [*dist_worker.SCENARIOS, "fallback"]}
 
 
 @pytest.mark.parametrize("scenario", list(dist_worker.SCENARIOS))
@@ -81,3 +81,12 @@ def test_fp8_group_inside_fullgraph_compile_raises():
 
     with pytest.raises(Exception, match="outside torch.compile"):
         torch.compile(forward, fullgraph=True)(torch.randn(2, 16))
+
+
+def test_fallback_policy_agrees_across_ranks(distributed_results):
+    # Only rank 1 saw the Inf (steps 0 and 1); with fp8_group both ranks send every fp8mp layer to high
+    # precision after the 2nd bad step, keep it there for cooldown_steps=2 steps, and return together.
+    per_rank = distributed_results["fallback"]["per_rank"]
+    assert per_rank[0] == per_rank[1]
+    layers = sorted(name for name, m in dist_worker.make_model().named_modules() if isinstance(m, fp8mp.nn.Linear))
+    assert [sorted(names) for names in per_rank[0]] == [[], layers, layers, [], [], []]
