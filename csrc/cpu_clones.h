@@ -3,7 +3,7 @@
 // faster with AVX2 and 1.7x faster again with AVX-512, and the extension still runs
 // on any x86-64 CPU.
 #pragma once
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11  // x86-64-v4 needs GCC 11
 #define FP8MP_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #elif defined(__x86_64__) && defined(__GNUC__)
 #define FP8MP_CPU_CLONES __attribute__((target_clones("avx2", "default")))
