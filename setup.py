@@ -20,7 +20,6 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.9;9.0")
 import torch  # noqa: E402
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("csrc")
 
 

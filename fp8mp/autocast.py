@@ -85,10 +85,6 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None, fp8_gro
             distributed.remember_modules(fp8_group, state.modules)
 
 
-def current_state() -> Fp8AutocastState | None:
-    return _STACK[-1] if _STACK else None
-
-
 def is_fp8_enabled() -> bool:
     return bool(_STACK) and _STACK[-1].enabled
 

@@ -34,6 +34,8 @@ import logging
 
 import torch
 
+from fp8mp.validation import check_int
+
 __all__ = ["FallbackPolicy"]
 
 logger = logging.getLogger("fp8mp")
@@ -43,12 +45,6 @@ logger = logging.getLogger("fp8mp")
 class _LayerState:
     bad_steps: int = 0  # bad steps in a row while in FP8
     cooldown_left: int = 0  # steps still to run in high precision
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"FallbackPolicy: argument '{name}' must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _fp8_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -69,8 +65,8 @@ class FallbackPolicy:
     """
 
     def __init__(self, max_bad_steps: int = 2, cooldown_steps: int = 100, fp8_group=None):
-        self.max_bad_steps = _check_int("max_bad_steps", max_bad_steps, 1)
-        self.cooldown_steps = _check_int("cooldown_steps", cooldown_steps, 1)
+        self.max_bad_steps = check_int("FallbackPolicy: argument 'max_bad_steps'", max_bad_steps, 1)
+        self.cooldown_steps = check_int("FallbackPolicy: argument 'cooldown_steps'", cooldown_steps, 1)
         self.fp8_group = fp8_group
         self._states: dict[str, _LayerState] = {}
 

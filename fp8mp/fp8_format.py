@@ -17,12 +17,6 @@ def normalize_format(fmt: str) -> str:
     return fmt.lower()
 
 
-def format_of_dtype(dtype: torch.dtype) -> str:
-    for name, fp8 in FP8_DTYPES.items():
-        if fp8 == dtype:
-            return name
-    raise TypeError(f"{dtype} is not an FP8 dtype (expected float8_e4m3fn or float8_e5m2)")
-
 
 def fp8_max_of(fmt: str) -> float:
     """Largest finite magnitude of format `fmt` ("e4m3" -> 448.0, "e5m2" -> 57344.0, any case)."""

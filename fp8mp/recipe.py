@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from fp8mp.validation import check_int
+
 __all__ = ["Format", "DelayedScaling", "CurrentScaling", "AMAX_COMPUTE_ALGOS"]
 
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
@@ -43,12 +45,6 @@ class Format(enum.Enum):
     def backward_format(self) -> str:
         """Op format string ("e4m3"/"e5m2") of gradients."""
         return "e4m3" if self is Format.E4M3 else "e5m2"
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    # bool is an int subclass, but margin=True is a mistake, not a margin of 1.
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _check_format(value) -> None:
@@ -82,9 +78,9 @@ class DelayedScaling:
     amax_compute_algo: str = "max"
 
     def __post_init__(self) -> None:
-        _check_int("margin", self.margin, 0)
+        check_int("margin", self.margin, 0)
         _check_format(self.fp8_format)
-        _check_int("amax_history_len", self.amax_history_len, 1)
+        check_int("amax_history_len", self.amax_history_len, 1)
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
             raise ValueError(f"amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, got {self.amax_compute_algo!r}")
 
@@ -107,7 +103,7 @@ class CurrentScaling:
     fp8_format: Format = Format.HYBRID
 
     def __post_init__(self) -> None:
-        _check_int("margin", self.margin, 0)
+        check_int("margin", self.margin, 0)
         _check_format(self.fp8_format)
 
 

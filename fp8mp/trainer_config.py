@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from fp8mp.recipe import AMAX_COMPUTE_ALGOS, CurrentScaling, DelayedScaling, Format, Recipe
+from fp8mp.validation import check_int
 
 __all__ = ["TrainerConfig", "LoRAConfig"]
 
@@ -51,8 +52,7 @@ def _check_format(key: str, value) -> None:
 
 
 def _check_int(key: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"TrainerConfig: key '{key}' must be an int >= {minimum}, got {value!r}")
+    check_int(f"TrainerConfig: key '{key}'", value, minimum)
 
 
 def _check_number(key: str, value, minimum: float = 0.0, inclusive: bool = False) -> None:
