@@ -37,7 +37,7 @@ $(DEPS_STAMP): requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-$(BUILD_STAMP): $(DEPS_STAMP) $(MODE_FILE) setup.py pyproject.toml $(wildcard csrc/*)
+$(BUILD_STAMP): $(DEPS_STAMP) $(MODE_FILE) setup.py pyproject.toml $(wildcard csrc/* csrc/*/*)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 

@@ -20,7 +20,12 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.9;9.0")
 import torch  # noqa: E402
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
-CSRC = os.path.join("csrc")
+CSRC = "csrc"
+
+
+def sources(pattern: str) -> list:
+    """csrc/ops.cpp, csrc/py_module.cpp and every op family's folder (csrc/common, csrc/cast, ...)."""
+    return sorted(glob.glob(os.path.join(CSRC, pattern)) + glob.glob(os.path.join(CSRC, "*", pattern)))
 
 
 def want_cuda() -> bool:
@@ -52,18 +57,19 @@ def cublaslt_link_args() -> list:
 
 
 def extension():
-    cpu_sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
+    cpu_sources = sources("*.cpp")
     cxx_flags = ["-O3", "-ffp-contract=off", "-fdiagnostics-color=always"]
     if not want_cuda():
         print("fp8mp: building the CPU-only extension", flush=True)
-        return CppExtension("fp8mp._C", cpu_sources, extra_compile_args={"cxx": cxx_flags})
+        return CppExtension("fp8mp._C", cpu_sources, include_dirs=[os.path.abspath(CSRC)],
+                            extra_compile_args={"cxx": cxx_flags})
     print(f"fp8mp: building CPU + CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}", flush=True)
-    cuda_sources = sorted(glob.glob(os.path.join(CSRC, "*.cu")))
+    cuda_sources = sources("*.cu")
     nvcc_flags = ["-O3", "--fmad=false", "-lineinfo", "--expt-relaxed-constexpr"]
     return CUDAExtension(
         "fp8mp._C",
         cpu_sources + cuda_sources,
-        include_dirs=nvidia_wheel_dirs("include"),
+        include_dirs=[os.path.abspath(CSRC)] + nvidia_wheel_dirs("include"),
         define_macros=[("FP8MP_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
         extra_link_args=cublaslt_link_args(),

@@ -17,7 +17,7 @@ import argparse
 import torch
 
 import fp8mp
-from fp8mp.fp8_format import FP8_DTYPES, FP8_MAX
+from fp8mp.ops.format import FP8_DTYPES, FP8_MAX
 
 from timing import markdown_table, median_time, parse_size, where
 

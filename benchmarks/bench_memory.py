@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import fp8mp
-from fp8mp.fp8_weight import state_dict_bytes
+from fp8mp.nn.fp8_weight import state_dict_bytes
 
 from timing import markdown_table
 

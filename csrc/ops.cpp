@@ -1,6 +1,7 @@
 // The one schema file: every fp8mp op is declared here, once. Device
-// implementations live in *_cpu.cpp / *_cuda.cu (TORCH_LIBRARY_IMPL), fake
-// (meta) kernels and autograd in Python (fp8mp/ops.py).
+// implementations live in each family's folder, csrc/<family>/<family>_cpu.cpp and
+// _cuda.cu (TORCH_LIBRARY_IMPL); fake (meta) kernels and autograd in Python, in the
+// family's module of fp8mp/ops/ (cast.py, gemm.py, norm.py, scale_update.py).
 #include <torch/library.h>
 
 TORCH_LIBRARY(fp8mp, m) {

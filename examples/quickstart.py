@@ -5,7 +5,7 @@ Run with `make demo` (or `.venv/bin/python examples/quickstart.py`).
 import torch
 
 import fp8mp
-from fp8mp.fp8_format import FP8_MAX
+from fp8mp.ops.format import FP8_MAX
 
 
 def main() -> None:

@@ -1,22 +1,30 @@
-"""fp8mp: FP8 mixed-precision training for PyTorch."""
-from fp8mp import recipe
-from fp8mp.gemm import fp8_gemm
-from fp8mp.ops import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available
-from fp8mp.scaling import update_amax_history_and_scale
-from fp8mp.autocast import fp8_autocast, get_fp8_recipe, is_fp8_enabled
-from fp8mp import nn
-from fp8mp.convert import convert, unconvert
-from fp8mp import norm_ops  # noqa: F401,E402  (registers the norm ops' fake kernels and autograd)
-from fp8mp import amp
-from fp8mp.amp import LossScaler
-from fp8mp.fp8_weight import fp8_model_init
-from fp8mp import optim
-from fp8mp import fallback
-from fp8mp import monitor
-from fp8mp import distributed
-from fp8mp.autocast import get_fp8_group
-from fp8mp.trainer_config import TrainerConfig
-from fp8mp.trainer import Trainer
+"""fp8mp: FP8 mixed-precision training for PyTorch.
+
+Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
+    fp8mp._C        the C++/CUDA ops (csrc/)
+    fp8mp.ops       their Python face: fakes, autograd, wrappers; formats
+    fp8mp.scaling   recipes, Fp8Meta, fp8_autocast, amax reduction across ranks
+    fp8mp.nn        modules, their autograd functions, convert, LoRA, FP8 weights
+    fp8mp.training  LossScaler, master weights, fallback, monitor, Trainer
+"""
+import sys as _sys
+
+from fp8mp import nn, ops, scaling, training
+from fp8mp.nn import convert, fp8_model_init, unconvert
+from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available, fp8_gemm,
+                       update_amax_history_and_scale)
+from fp8mp.scaling import distributed, recipe
+from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
+from fp8mp.training import LossScaler, Trainer, TrainerConfig, fallback, monitor
+from fp8mp.training import loss_scaler as amp
+from fp8mp.training import master_weight_optimizer as optim
+
+# Short public module paths: `fp8mp.recipe`, `fp8mp.monitor` and `fp8mp.fallback` are the documented
+# names of modules that live in their layers; `fp8mp.amp`, `fp8mp.optim` and `fp8mp.distributed` are
+# kept only for compatibility with code written before the layered layout.
+for _name, _module in {"recipe": recipe, "monitor": monitor, "fallback": fallback, "amp": amp, "optim": optim,
+                       "distributed": distributed}.items():
+    _sys.modules[f"{__name__}.{_name}"] = _module
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-# fp8_reference.py and opcheck_util.py live beside the tests.
+# The shared test helpers (fp8_reference.py, opcheck_util.py, ...) live here, beside the per-layer folders.
 sys.path.insert(0, os.path.dirname(__file__))
 
 

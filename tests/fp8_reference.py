@@ -1,6 +1,7 @@
 """Independent references for FP8 casts: ml_dtypes and torch's own float8 conversion.
 
-Neither uses fp8mp code. Both are given the fp32 product x * scale (what the
+The references use no fp8mp code (`cast` at the end is the call under test,
+shared by the CPU and CUDA cast tests). Both are given the fp32 product x * scale (what the
 kernels round) and the saturation fp8mp documents: finite overflow clamps to
 +-max; Inf clamps in E4M3 and stays Inf in E5M2. The clamp is explicit because
 torch 2.11 turns E4M3 overflow into NaN where 2.12+ saturates.
@@ -10,6 +11,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import torch
+
+import fp8mp
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 ML_DTYPES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -60,3 +63,14 @@ def random_fp32_across_exponents(n: int, seed: int, min_exp: int = -40, max_exp:
     specials = np.array([0, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001], dtype=np.uint32)
     bits[: len(specials)] = specials
     return torch.from_numpy(bits.view(np.float32).copy())
+
+
+FORMATS = ["e4m3", "e5m2"]
+SCALES = [1.0, 0.5, 2.0**-7, 3.7, 448.0 / 1000.0, 2.0**10]  # exact, inexact, tiny, huge
+
+
+def cast(x: torch.Tensor, scale: float, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8mp.cast_to_fp8 with a Python-float scale: (y, amax)."""
+    amax = torch.zeros(1)
+    y = fp8mp.cast_to_fp8(x, torch.tensor([scale], dtype=torch.float32), amax, fmt)
+    return y, amax

@@ -1,13 +1,12 @@
-"""Drop-in torch.nn modules backed by fp8mp's kernels."""
-from fp8mp.nn.linear import Linear
-from fp8mp.nn.norm import LayerNorm, RMSNorm
+"""Layer 3, modules: drop-in torch.nn modules, the autograd functions only they use, FP8 weight
+storage, LoRA and convert/unconvert. May import fp8mp.ops and fp8mp.scaling, never fp8mp.training."""
+from fp8mp.nn import lora
+from fp8mp.nn.conversion import FP8_MODULES, convert, unconvert
+from fp8mp.nn.fp8_weight import fp8_model_init
 from fp8mp.nn.layernorm_linear import LayerNormLinear
+from fp8mp.nn.linear import Linear
+from fp8mp.nn.lora import LoRALinear
+from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
-# Modules fp8mp.unconvert turns back into their torch twins (each has `to_torch()`).
-FP8_MODULES = (Linear, LayerNorm, RMSNorm)
-
-__all__ = ["Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "FP8_MODULES"]
-from fp8mp.nn.lora import LoRALinear  # noqa: E402
-from fp8mp.nn import lora  # noqa: E402,F401
-
-__all__ += ["LoRALinear"]
+__all__ = ["Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
+           "fp8_model_init", "lora"]

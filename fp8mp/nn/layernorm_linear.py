@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from fp8mp import autocast as autocast_state
-from fp8mp.layernorm_linear import norm_fp8_linear
+from fp8mp.scaling import autocast as autocast_state
+from fp8mp.nn.norm_linear_function import norm_fp8_linear
 from fp8mp.nn.linear import Linear
-from fp8mp.nn.norm import LayerNorm, RMSNorm
+from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 

@@ -6,11 +6,11 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from fp8mp import autocast as autocast_state
-from fp8mp import fp8_weight as fp8_weight_storage
-from fp8mp.fp8_format import HIGH_PRECISION_DTYPES
-from fp8mp.fp8_meta import Fp8Meta, LinearTensor, keep_buffer_dtypes
-from fp8mp.linear_function import fp8_linear
+from fp8mp.scaling import autocast as autocast_state
+from fp8mp.nn import fp8_weight as fp8_weight_storage
+from fp8mp.ops.format import HIGH_PRECISION_DTYPES
+from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, keep_buffer_dtypes
+from fp8mp.nn.fp8_linear_function import fp8_linear
 
 
 class Linear(torch.nn.Linear):

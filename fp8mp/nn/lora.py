@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fp8mp.nn.conversion import _swap_in_place  # the one place that swaps modules in place
 from fp8mp.nn.linear import Linear
 
 __all__ = ["LoRALinear", "apply_lora"]
@@ -94,7 +95,6 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, targets, fp8_bas
     Afterwards only the adapters' lora_A / lora_B require grad. ValueError naming the targets when
     none matches a Linear. Linears already inside a LoRALinear are not wrapped again.
     """
-    from fp8mp.convert import _swap_in_place  # the one place that swaps modules in place
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"apply_lora: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "fp8_format.h"
+#include "common/fp8_format.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "fp8_format.h"
+#include "common/fp8_format.h"
 
 using fp8mp::decode;
 using fp8mp::encode;

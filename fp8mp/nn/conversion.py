@@ -1,0 +1,109 @@
+"""`convert(model)`: swap torch modules for their fp8mp twins in place; `unconvert` undoes it.
+
+Parameters are shared, not copied: the converted model trains the same tensors,
+so an optimizer built before conversion keeps working, and memory does not grow.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from fp8mp.nn.linear import Linear
+from fp8mp.nn.normalization import LayerNorm, RMSNorm
+from fp8mp.scaling.autocast import validate_recipe
+from fp8mp.scaling.recipe import Recipe
+
+logger = logging.getLogger("fp8mp")
+
+# Modules unconvert turns back into their torch twins (each has `to_torch()`).
+FP8_MODULES = (Linear, LayerNorm, RMSNorm)
+
+ModuleFilter = Callable[[str, torch.nn.Module], bool]
+
+# FP8 GEMMs need the inner (K) and outer (N) dims to be multiples of 16; fp8_gemm pads
+# other shapes, but padding a small layer costs more than FP8 saves, so such layers stay as they are.
+FP8_DIM_MULTIPLE = 16
+
+
+def _swap_table(convert_norms: bool) -> dict[type, Callable[[torch.nn.Module], torch.nn.Module]]:
+    table: dict[type, Callable] = {torch.nn.Linear: Linear.from_linear}
+    if convert_norms:
+        table[torch.nn.LayerNorm] = LayerNorm.from_torch
+        table[torch.nn.RMSNorm] = RMSNorm.from_torch
+    return table
+
+
+def fp8_dims_supported(module: torch.nn.Linear) -> bool:
+    return module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0
+
+
+def convert(
+    model: torch.nn.Module,
+    recipe: Recipe | None = None,
+    module_filter: ModuleFilter | None = None,
+    convert_norms: bool = False,
+) -> torch.nn.Module:
+    """Replace every `torch.nn.Linear` of `model` (and with `convert_norms`, LayerNorm/RMSNorm) in place.
+
+    Args:
+        model: any module; a bare `nn.Linear` is returned converted (it has no parent to swap it in).
+        recipe: FP8 recipe pinned on each converted Linear (None: follow `fp8_autocast`'s recipe).
+        module_filter: `f(fully_qualified_name, module) -> bool`; modules for which it returns False are
+            kept. Use it to keep e.g. the LM head in high precision: `lambda name, m: name != "lm_head"`.
+        convert_norms: also swap `nn.LayerNorm` / `nn.RMSNorm` for fp8mp's fused norms.
+
+    Linear layers whose in_features or out_features is not a multiple of 16 are skipped
+    (logged on the "fp8mp" logger): FP8 tensor cores need such dims and padding small layers
+    does not pay. Subclasses of the torch modules (other than fp8mp's own) are left alone, since
+    their forward may differ. Returns `model`.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+    if recipe is not None:
+        validate_recipe(recipe)
+    if module_filter is not None and not callable(module_filter):
+        raise TypeError("argument 'module_filter' must be callable as module_filter(name, module) -> bool")
+    table = _swap_table(convert_norms)
+
+    def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
+        make = table.get(type(module))
+        if make is None or (module_filter is not None and not module_filter(name, module)):
+            return None
+        if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) and len(module.normalized_shape) != 1:
+            logger.info("fp8mp.convert: keeping %s: fp8mp norms normalize the last dimension only", name or "<root>")
+            return None
+        if isinstance(module, torch.nn.Linear) and not fp8_dims_supported(module):
+            logger.info("fp8mp.convert: keeping %s (%s) in high precision: dims not multiples of %d", name or "<root>",
+                        module, FP8_DIM_MULTIPLE)
+            return None
+        new = make(module)
+        if recipe is not None and hasattr(new, "fp8_recipe"):
+            new.fp8_recipe = recipe
+        return new
+
+    return _swap_in_place(model, replacement)
+
+
+def unconvert(model: torch.nn.Module) -> torch.nn.Module:
+    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped."""
+
+    def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
+        return module.to_torch() if isinstance(module, FP8_MODULES) else None
+
+    return _swap_in_place(model, replacement)
+
+
+def _swap_in_place(model: torch.nn.Module, replacement: Callable[[str, torch.nn.Module], torch.nn.Module | None]):
+    root = replacement("", model)
+    if root is not None:
+        return root
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            new = replacement(name, child)
+            if new is not None:
+                new.train(child.training)
+                setattr(parent, child_name, new)
+    return model

@@ -1,0 +1,128 @@
+"""The FP8 linear autograd function: three FP8 GEMMs (fprop, dgrad, wgrad).
+
+Forward casts input and weight to the forward format together with their
+transposes (one read each), so backward needs no second pass over them:
+
+    fprop: y  = x  @ W.T     a = x    [M,K], b = W    [N,K]
+    dgrad: dx = dy @ W       a = dy   [M,N], b = W.T  [K,N]
+    wgrad: dW = dy.T @ x     a = dy.T [N,M], b = x.T  [K,M]
+
+(`fp8_gemm(a, b)` computes a @ b.T with both operands K-major, the layout FP8
+tensor cores take.)
+
+With a stored FP8 weight (`fp8mp.nn.Linear(..., fp8_weight=True)`, see
+fp8mp/fp8_weight.py) the weight is not cast: fprop uses the stored FP8 tensor
+and its scale_inv, backward transposes it, and `weight` is only the leaf (the
+FP32 master, or None) that receives the weight gradient.
+"""
+from __future__ import annotations
+
+import torch
+
+from fp8mp.scaling import distributed
+from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor
+from fp8mp.ops.gemm import fp8_gemm
+from fp8mp.ops.cast import cast_to_fp8_transpose
+
+INPUT, WEIGHT, GRAD = LinearTensor.INPUT, LinearTensor.WEIGHT, LinearTensor.GRAD_OUTPUT
+
+
+def _col(t: torch.Tensor, index: int) -> torch.Tensor:
+    return t[index : index + 1]
+
+
+class Fp8LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, fp8_weight=None,
+                fp8_input=None):
+        """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
+
+        formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
+        callable setting the grad_output scale from the gradient itself (current scaling).
+        fp8_weight: None, or (w_fp8 [N,K] float8_e4m3fn, w_scale_inv [1]): a stored FP8 weight used
+        instead of casting `weight`, which then only receives the gradient (it may be None).
+        fp8_input: None, or (x_fp8, x_fp8_t) already cast with the INPUT scale (by a fused norm, see
+        fp8mp/nn/norm_linear_function.py); `x2d` then only routes the input gradient.
+        """
+        forward_format, backward_format = formats
+        if fp8_input is None:
+            x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, _col(meta_scale, INPUT), _col(meta_amax, INPUT), forward_format)
+        else:
+            x_fp8, x_fp8_t = fp8_input
+        if fp8_weight is None:
+            w_fp8, w_fp8_t = cast_to_fp8_transpose(weight, _col(meta_scale, WEIGHT), _col(meta_amax, WEIGHT), forward_format)
+            # Backward must decode with the scales these casts used, whatever happens to the buffers meanwhile.
+            used_scale_inv = meta_scale_inv[: WEIGHT + 1].clone()
+        else:  # stored FP8 weight; backward transposes it (saving one FP8 copy of the weight, not two)
+            w_fp8, w_fp8_t = fp8_weight[0], None
+            used_scale_inv = torch.cat((_col(meta_scale_inv, INPUT), fp8_weight[1]))
+        out_bias = bias.to(x2d.dtype) if bias is not None else None
+        out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype)
+        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
+        # The scaling buffers are state, read and written in place by backward, not saved values: a module
+        # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
+        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax)
+        ctx.transpose_weight = w_fp8_t is None
+        ctx.backward_format = backward_format
+        ctx.grad_scale_fn = grad_scale_fn
+        ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_fp8_t, w_fp8_t, used_scale_inv = ctx.saved_tensors
+        meta_scale, meta_scale_inv, meta_amax = ctx.meta_buffers
+        if ctx.transpose_weight:
+            w_fp8_t = w_fp8_t.t().contiguous()
+        grad_out = grad_out.contiguous()
+        if ctx.grad_scale_fn is not None:
+            ctx.grad_scale_fn(grad_out)
+        g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD), ctx.backward_format)
+        g_scale_inv = _col(meta_scale_inv, GRAD).clone()
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, _col(used_scale_inv, WEIGHT), None, ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
+                   group=None, ran_before: bool = False) -> object:
+    """Set this step's scales per `meta`'s recipe; returns the grad_scale_fn for Fp8LinearFunction.
+
+    x2d None: the input is cast elsewhere (a fused norm), which needs delayed scaling.
+    group / ran_before: see fp8_linear.
+    """
+    if not meta.uses_current_scaling():
+        if group is not None and ran_before:
+            distributed.all_reduce_amax_(meta.amax, group)
+        meta.step_delayed_scaling()
+        return None
+    if x2d is not None:
+        meta.set_scale_from(INPUT, x2d, group)
+    if fp8_weight is None:
+        meta.set_scale_from(WEIGHT, weight, group)
+    return lambda grad: meta.set_scale_from(GRAD, grad, group)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, meta: Fp8Meta,
+               fp8_weight: tuple[torch.Tensor, torch.Tensor] | None = None, group=None,
+               ran_before: bool = False) -> torch.Tensor:
+    """y = x @ weight.T + bias in FP8 per `meta`'s recipe, for x of shape [..., K].
+
+    fp8_weight: (w_fp8, w_scale_inv), a stored FP8 weight to use as it is; `weight` then only
+    receives the weight gradient (see Fp8LinearFunction.forward).
+    group: fp8_autocast's fp8_group (None: no reduction). Current scaling reduces each amax it
+    computes; delayed scaling reduces the module's amaxes first when `ran_before` (the module
+    already ran in this context: its last amaxes were not reduced at the context's entry).
+    """
+    x2d = x.reshape(-1, x.shape[-1])
+    grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
+    formats = (meta.format_of(INPUT), meta.format_of(GRAD))
+    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn, fp8_weight)
+    meta.initialized = True
+    return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -1,0 +1,65 @@
+"""Python face of the cast ops (csrc/cast/): fake kernels for torch.compile and thin wrappers.
+
+The ops are declared once in csrc/ops.cpp (TORCH_LIBRARY(fp8mp, m)) and
+implemented per device in C++; argument checks live there too, so
+`torch.ops.fp8mp.*` called directly gives the same clear errors.
+"""
+from __future__ import annotations
+
+import torch
+
+from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops.format import FP8_DTYPES, normalize_format
+
+__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "cuda_kernels_available"]
+
+
+def cuda_kernels_available() -> bool:
+    """True when this build has fp8mp's CUDA kernels and a CUDA device is present."""
+    return torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key("fp8mp::cast_to_fp8", "CUDA")
+
+
+@torch.library.register_fake("fp8mp::cast_to_fp8")
+def _cast_to_fp8_fake(x, scale, amax, fmt):
+    return torch.empty_like(x, dtype=FP8_DTYPES[normalize_format(fmt)], memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fp8mp::cast_to_fp8_transpose")
+def _cast_to_fp8_transpose_fake(x, scale, amax, fmt):
+    torch._check(x.dim() == 2, lambda: f"fp8mp::cast_to_fp8_transpose: argument 'x' must be 2-D, got {x.dim()}-D")
+    dtype = FP8_DTYPES[normalize_format(fmt)]
+    rows, cols = x.shape
+    return x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype)
+
+
+@torch.library.register_fake("fp8mp::cast_from_fp8")
+def _cast_from_fp8_fake(y, scale_inv, out_dtype):
+    return torch.empty_like(y, dtype=out_dtype, memory_format=torch.contiguous_format)
+
+
+def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
+    """Cast `x` to FP8: ``saturate(round_nearest_even(x * scale))``, writing ``max|x|`` into `amax`.
+
+    Args:
+        x: float32, bfloat16 or float16 tensor of any shape (non-contiguous is fine).
+        scale: 1-element float32 tensor on x's device.
+        amax: 1-element float32 tensor on x's device; overwritten with max|x|
+            (NaN if x holds a NaN, Inf if it holds an Inf), computed in the same pass.
+        fmt: "e4m3" (max 448, Inf saturates) or "e5m2" (max 57344, Inf stays Inf).
+
+    Returns:
+        A contiguous float8_e4m3fn / float8_e5m2 tensor of x's shape.
+    """
+    return torch.ops.fp8mp.cast_to_fp8(x, scale, amax, fmt)
+
+
+def cast_to_fp8_transpose(
+    x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like :func:`cast_to_fp8` for a 2-D `x`, also returning the contiguous FP8 transpose from one read of x."""
+    return torch.ops.fp8mp.cast_to_fp8_transpose(x, scale, amax, fmt)
+
+
+def cast_from_fp8(y: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode FP8 `y` and multiply by `scale_inv` (1-element float32 tensor), returning `out_dtype`."""
+    return torch.ops.fp8mp.cast_from_fp8(y, scale_inv, out_dtype)

@@ -1,0 +1,61 @@
+"""FP8 GEMM: ``out = (a @ b.T) * (a_scale_inv * b_scale_inv) + bias``, as in nn.Linear.
+
+The op ``fp8mp::fp8_gemm`` is declared in csrc/ops.cpp and implemented with
+cuBLASLt on CUDA (csrc/gemm/gemm_cuda.cu) and as an fp32 emulation on CPU
+(csrc/gemm/gemm_cpu.cpp); both check their arguments in C++
+(csrc/gemm/gemm_checks.cpp: check_fp8_gemm_args).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+
+__all__ = ["fp8_gemm"]
+
+_OP = "fp8mp::fp8_gemm"
+
+
+@torch.library.register_fake(_OP)
+def _fp8_gemm_fake(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum=False):
+    torch._check(a.dim() == 2, lambda: f"{_OP}: argument 'a' must be 2-D [M, K], got {a.dim()}-D")
+    torch._check(b.dim() == 2, lambda: f"{_OP}: argument 'b' must be 2-D [N, K], got {b.dim()}-D")
+    torch._check(a.shape[1] == b.shape[1], lambda: f"{_OP}: argument 'b' must be [N, K] with K = a.size(1)")
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    a_scale_inv: torch.Tensor,
+    b: torch.Tensor,
+    b_scale_inv: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """FP8 matrix product in the layout of nn.Linear: ``out[m, n] = sum_k a[m, k] * b[n, k]``.
+
+    ``out = (dec(a) @ dec(b).T) * (a_scale_inv * b_scale_inv) + bias``, with exact
+    FP8 products, fp32 accumulation and fp32 epilogue, rounded once to `out_dtype`.
+
+    Args:
+        a: [M, K] float8_e4m3fn or float8_e5m2 (the input; made contiguous if it is not).
+        a_scale_inv: 1-element float32 tensor on a's device (the inverse of a's cast scale).
+        b: [N, K] float8_e4m3fn or float8_e5m2 (the weight); a and b cannot both be E5M2.
+        b_scale_inv: 1-element float32 tensor on a's device.
+        bias: optional [N] tensor of dtype `out_dtype`, added in fp32 before the final rounding.
+        out_dtype: torch.float32, torch.bfloat16 or torch.float16.
+        use_fast_accum: on Hopper/Ada, let cuBLASLt skip the periodic promotion of
+            the tensor-core accumulator (faster, slightly less accurate; what
+            forward passes usually use). Ignored on CPU.
+
+    Returns:
+        A contiguous [M, N] tensor of dtype `out_dtype`. K == 0 gives the bias (or zeros).
+
+    On CUDA, K and N that are not multiples of 16 (a cuBLASLt FP8 requirement) are
+    handled by zero padding, which does not change the result. CPU and CUDA agree
+    up to the order of the fp32 additions.
+    """
+    return torch.ops.fp8mp.fp8_gemm(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum)

@@ -1,0 +1,232 @@
+"""LayerNorm / RMSNorm ops: fake kernels, autograd, and documented wrappers.
+
+The six ops are declared in csrc/ops.cpp and implemented in csrc/norm/norm_cpu.cpp
+and csrc/norm/norm_cuda.cu. All normalize over the last dimension H of ``x``, with
+statistics (mean, rstd) in fp32 whatever x's dtype (float32, bfloat16, float16):
+
+* ``layernorm_fwd``:  out = (x - mean) * rstd * g + bias
+* ``rmsnorm_fwd``:    out = x * rstd * g,  rstd = 1 / sqrt(mean(x^2) + eps)
+
+where g = weight, or 1 + weight with ``zero_centered_gamma`` (g = 1 without a
+weight). ``out`` has x's dtype; mean / rstd are fp32 of shape x.shape[:-1].
+
+The ``*_fwd_fp8`` variants compute the same out (rounded to x's dtype), then
+cast it to FP8 with ``scale`` in the same kernel, writing max|out| into
+``amax`` (NaN-propagating). They mutate amax, so they have no autograd
+formula; their callers (fp8mp.nn.LayerNormLinear) call the ``*_bwd`` ops
+themselves. Autograd is registered on the functional ``layernorm_fwd`` and
+``rmsnorm_fwd`` only: gradients flow into x, weight and bias through ``out``;
+gradients arriving at the returned mean / rstd are ignored (treat them as
+non-differentiable statistics).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops.format import FP8_DTYPES, normalize_format
+
+__all__ = [
+    "layer_norm",
+    "layer_norm_fp8",
+    "layer_norm_backward",
+    "rms_norm",
+    "rms_norm_fp8",
+    "rms_norm_backward",
+]
+
+
+# ---------------------------------------------------------------- fake kernels
+
+
+def _stats_like(x):
+    return x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def _out_like(x, dtype=None):
+    return torch.empty_like(x, dtype=dtype or x.dtype, memory_format=torch.contiguous_format)
+
+
+def _param_grad_like(weight, x):
+    if weight is None:
+        return x.new_empty((0,), dtype=torch.float32)
+    return torch.empty_like(weight, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fp8mp::layernorm_fwd")
+def _layernorm_fwd_fake(x, weight, bias, eps, zero_centered_gamma):
+    return _out_like(x), _stats_like(x), _stats_like(x)
+
+
+@torch.library.register_fake("fp8mp::layernorm_fwd_fp8")
+def _layernorm_fwd_fp8_fake(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt):
+    return _out_like(x, FP8_DTYPES[normalize_format(fmt)]), _stats_like(x), _stats_like(x)
+
+
+@torch.library.register_fake("fp8mp::layernorm_bwd")
+def _layernorm_bwd_fake(grad_out, x, mean, rstd, weight, zero_centered_gamma):
+    return _out_like(x), _param_grad_like(weight, x), _param_grad_like(weight, x)
+
+
+@torch.library.register_fake("fp8mp::rmsnorm_fwd")
+def _rmsnorm_fwd_fake(x, weight, eps, zero_centered_gamma):
+    return _out_like(x), _stats_like(x)
+
+
+@torch.library.register_fake("fp8mp::rmsnorm_fwd_fp8")
+def _rmsnorm_fwd_fp8_fake(x, weight, eps, zero_centered_gamma, scale, amax, fmt):
+    return _out_like(x, FP8_DTYPES[normalize_format(fmt)]), _stats_like(x)
+
+
+@torch.library.register_fake("fp8mp::rmsnorm_bwd")
+def _rmsnorm_bwd_fake(grad_out, x, rstd, weight, zero_centered_gamma):
+    return _out_like(x), _param_grad_like(weight, x)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _layernorm_setup_context(ctx, inputs, output):
+    x, weight, bias, _eps, zero_centered_gamma = inputs
+    _out, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.zero_centered_gamma = zero_centered_gamma
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _layernorm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    grad_x, grad_weight, grad_bias = torch.ops.fp8mp.layernorm_bwd(
+        grad_out.contiguous(), x, mean, rstd, weight, ctx.zero_centered_gamma
+    )
+    if weight is None:
+        grad_weight = None
+        # layernorm_bwd returns an empty grad_bias without a weight; a bias without a
+        # weight is unusual but allowed, and its gradient is sum(grad_out) over rows.
+        grad_bias = grad_out.float().reshape(-1, grad_out.shape[-1]).sum(0) if ctx.bias_dtype is not None else None
+    if ctx.bias_dtype is None:
+        grad_bias = None
+    elif grad_bias is not None:
+        grad_bias = grad_bias.to(ctx.bias_dtype)
+    return grad_x, grad_weight, grad_bias, None, None
+
+
+def _rmsnorm_setup_context(ctx, inputs, output):
+    x, weight, _eps, zero_centered_gamma = inputs
+    _out, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.zero_centered_gamma = zero_centered_gamma
+
+
+def _rmsnorm_backward(ctx, grad_out, _grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    grad_x, grad_weight = torch.ops.fp8mp.rmsnorm_bwd(grad_out.contiguous(), x, rstd, weight, ctx.zero_centered_gamma)
+    return grad_x, grad_weight if weight is not None else None, None, None
+
+
+torch.library.register_autograd("fp8mp::layernorm_fwd", _layernorm_backward, setup_context=_layernorm_setup_context)
+torch.library.register_autograd("fp8mp::rmsnorm_fwd", _rmsnorm_backward, setup_context=_rmsnorm_setup_context)
+
+
+# ---------------------------------------------------------------- wrappers
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    zero_centered_gamma: bool = False,
+) -> torch.Tensor:
+    """LayerNorm over the last dimension, differentiable in x, weight and bias.
+
+    Like ``torch.nn.functional.layer_norm(x, (H,), weight, bias, eps)``, with
+    fp32 statistics for any input dtype. With ``zero_centered_gamma`` the gain
+    is ``1 + weight`` (weights stored around 0, which keeps them precise in
+    low-precision storage and under weight decay).
+
+    Args:
+        x: float32, bfloat16 or float16 tensor [..., H].
+        weight, bias: optional [H] tensors (one high-precision dtype, x's device).
+        eps: added to the variance; > 0.
+
+    Returns:
+        out, with x's shape and dtype.
+    """
+    return torch.ops.fp8mp.layernorm_fwd(x, weight, bias, eps, zero_centered_gamma)[0]
+
+
+def layer_norm_fp8(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    scale: torch.Tensor,
+    amax: torch.Tensor,
+    fmt: str = "e4m3",
+    zero_centered_gamma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm with the FP8 cast fused: returns (out_fp8, mean, rstd); not differentiable.
+
+    ``out_fp8`` equals ``cast_to_fp8(layer_norm(x, ...), scale, amax, fmt)`` bit for bit
+    (the normalized value is rounded to x's dtype first), and ``amax`` (1-element
+    float32) is overwritten with max|layer_norm(x, ...)|. For the backward pass call
+    :func:`layer_norm_backward` with the returned mean and rstd.
+    """
+    return torch.ops.fp8mp.layernorm_fwd_fp8(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt)
+
+
+def layer_norm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    zero_centered_gamma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight, grad_bias) of layer_norm; grad_weight / grad_bias are in weight's
+    dtype, and empty float32 tensors (``torch.empty(0)``) when ``weight`` is None."""
+    return torch.ops.fp8mp.layernorm_bwd(grad_out, x, mean, rstd, weight, zero_centered_gamma)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    zero_centered_gamma: bool = False,
+) -> torch.Tensor:
+    """RMSNorm over the last dimension, differentiable in x and weight.
+
+    Like ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``: ``x * rstd * g`` with
+    ``rstd = 1 / sqrt(mean(x^2) + eps)`` in fp32; g = weight, or 1 + weight with
+    ``zero_centered_gamma``.
+    """
+    return torch.ops.fp8mp.rmsnorm_fwd(x, weight, eps, zero_centered_gamma)[0]
+
+
+def rms_norm_fp8(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    scale: torch.Tensor,
+    amax: torch.Tensor,
+    fmt: str = "e4m3",
+    zero_centered_gamma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm with the FP8 cast fused: returns (out_fp8, rstd); not differentiable.
+    See :func:`layer_norm_fp8`; use :func:`rms_norm_backward` for the gradients."""
+    return torch.ops.fp8mp.rmsnorm_fwd_fp8(x, weight, eps, zero_centered_gamma, scale, amax, fmt)
+
+
+def rms_norm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    zero_centered_gamma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight) of rms_norm; grad_weight is in weight's dtype, an empty
+    float32 tensor when ``weight`` is None."""
+    return torch.ops.fp8mp.rmsnorm_bwd(grad_out, x, rstd, weight, zero_centered_gamma)

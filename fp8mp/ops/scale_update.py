@@ -1,0 +1,73 @@
+"""Scale updates: the fused delayed-scaling op and the current-scaling rule.
+
+``update_amax_history_and_scale`` is declared in csrc/ops.cpp and implemented
+in csrc/scaling/scaling_cpu.cpp / csrc/scaling/scaling_cuda.cu, which check the arguments.
+"""
+from __future__ import annotations
+
+import torch
+
+from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops.format import fp8_max_of
+
+__all__ = ["update_amax_history_and_scale", "compute_scale", "fp8_max_of"]
+
+
+@torch.library.register_fake("fp8mp::update_amax_history_and_scale")
+def _update_amax_history_and_scale_fake(amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo):
+    # Only mutates its (a!)/(b!)/(c!) arguments, which the schema declares.
+    return None
+
+
+def update_amax_history_and_scale(
+    amax: torch.Tensor,
+    amax_history: torch.Tensor,
+    scale: torch.Tensor,
+    scale_inv: torch.Tensor,
+    fp8_max: torch.Tensor,
+    margin: int = 0,
+    amax_compute_algo: str = "max",
+) -> None:
+    """One delayed-scaling step for a group of T tensors, in place, in one kernel.
+
+    Args:
+        amax: [T] float32, the newest amax of each tensor (as written by the cast ops).
+        amax_history: [H, T] float32, row 0 newest; updated in place: rolled
+            down one row (the oldest row drops out) with `amax` written into
+            row 0, so afterwards ``amax_history[i, t]`` is tensor t's amax i steps ago.
+        scale: [T] float32, updated in place to
+            ``fp8_max / effective / 2**margin`` (fp32 arithmetic), where
+            effective is the column max of the updated history ("max") or
+            `amax` ("most_recent"). Where effective is 0, negative, NaN or Inf,
+            or the new scale would not be a finite positive number, the old
+            scale is kept (a NaN/Inf amax is still recorded in the history).
+        scale_inv: [T] float32, set to ``1 / scale`` for every column, kept or not.
+        fp8_max: [T] float32, the largest finite value of each tensor's format
+            (a group may mix E4M3 tensors, 448, and E5M2 gradients, 57344).
+        margin: int >= 0.
+        amax_compute_algo: "max" or "most_recent".
+
+    All tensors must be contiguous float32 on one device, and the three
+    updated ones must not share memory with any other argument.
+    """
+    torch.ops.fp8mp.update_amax_history_and_scale(
+        amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo
+    )
+
+
+def compute_scale(amax: torch.Tensor, fp8_max: float, margin: int, previous_scale: torch.Tensor) -> torch.Tensor:
+    """Current scaling: ``fp8_max / amax / 2**margin`` where that is usable, else `previous_scale`.
+
+    The same rule as :func:`update_amax_history_and_scale` with
+    ``amax_compute_algo="most_recent"``, for float32 `amax` and
+    `previous_scale` of the same shape: the new scale is used where amax is
+    finite and > 0 and the result is finite and > 0. Pure, out-of-place torch
+    ops, so it traces under torch.compile. Returns a new tensor.
+    """
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    # full_like(...) / amax rather than `fp8_max / amax`: Tensor.__rtruediv__
+    # computes reciprocal(amax) * fp8_max, which rounds twice.
+    candidate = torch.full_like(amax, fp8_max) / amax / (2.0 ** min(margin, 1000))
+    usable = (amax > 0) & torch.isfinite(amax) & (candidate > 0) & torch.isfinite(candidate)
+    return torch.where(usable, candidate, previous_scale)

@@ -1,0 +1,111 @@
+"""`fp8_autocast`: the context in which fp8mp modules compute in FP8.
+
+    with fp8mp.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling()):
+        loss = model(x).sum()
+    loss.backward()          # backward runs in FP8 too: modules remember their forward's recipe
+
+Contexts nest (the innermost wins), restore the outer state on exceptions, and
+record which fp8mp modules ran inside them (`ctx.modules`).
+
+With `fp8_group`, amaxes are reduced over the group so that every rank computes the
+same scales: see fp8mp/scaling/distributed.py for what is reduced when.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator
+
+import torch
+
+from fp8mp.scaling import distributed
+from fp8mp.scaling.recipe import DelayedScaling, Format, Recipe
+
+__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "Fp8AutocastState"]
+
+
+@dataclasses.dataclass
+class Fp8AutocastState:
+    """One active `fp8_autocast` context."""
+
+    enabled: bool
+    recipe: Recipe
+    fp8_group: object | None = None
+    # Modules that ran a forward inside this context, by id (a dict keeps first-run order;
+    # plain containers keep the context traceable by torch.compile).
+    _modules: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def modules(self) -> list[torch.nn.Module]:
+        return list(self._modules.values())
+
+
+_STACK: list[Fp8AutocastState] = []
+
+
+def validate_recipe(recipe: Recipe) -> Recipe:
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"argument 'fp8_recipe' must be a DelayedScaling or CurrentScaling, got {type(recipe).__name__}")
+    if recipe.fp8_format == Format.E5M2:
+        raise ValueError(
+            "argument 'fp8_recipe': Format.E5M2 for every tensor needs E5M2 x E5M2 GEMMs, which FP8 tensor cores "
+            "do not run; use Format.HYBRID (E4M3 forward, E5M2 gradients) or Format.E4M3"
+        )
+    return recipe
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None, fp8_group=None) -> Iterator[Fp8AutocastState]:
+    """Run fp8mp modules in FP8 inside the block.
+
+    Args:
+        enabled: False runs the block in the modules' own precision (handy to switch FP8 with a flag).
+        fp8_recipe: DelayedScaling (default) or CurrentScaling.
+        fp8_group: torch.distributed ProcessGroup over which amaxes are reduced so that every rank
+            computes the same scales (None: no reduction). Entering the context reduces, in one
+            all_reduce, the amaxes left by the previous context with the same group; enter it
+            outside torch.compile'd code (see fp8mp/scaling/distributed.py).
+    Yields:
+        The context's state; `state.modules` lists the fp8mp modules that ran inside it.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"argument 'enabled' must be a bool, got {type(enabled).__name__}")
+    state = Fp8AutocastState(enabled, validate_recipe(fp8_recipe if fp8_recipe is not None else DelayedScaling()), fp8_group)
+    if fp8_group is not None and enabled:
+        if torch.compiler.is_compiling():
+            raise RuntimeError("fp8_autocast(fp8_group=...) must be entered outside torch.compile'd code: compile the "
+                               "model and call it inside the context (the amax reduction at entry runs in eager)")
+        distributed.reduce_pending_amaxes(fp8_group)
+    _STACK.append(state)
+    try:
+        yield state
+    finally:
+        _STACK.pop()
+        if fp8_group is not None and enabled:
+            distributed.remember_modules(fp8_group, state.modules)
+
+
+def is_fp8_enabled() -> bool:
+    return bool(_STACK) and _STACK[-1].enabled
+
+
+def get_fp8_recipe() -> Recipe | None:
+    return _STACK[-1].recipe if _STACK else None
+
+
+def get_fp8_group():
+    """The innermost context's `fp8_group` (None outside fp8_autocast or without a group)."""
+    return _STACK[-1].fp8_group if _STACK else None
+
+
+def record_module(module: torch.nn.Module) -> bool:
+    """Called by fp8mp modules' forward: every enclosing context learns the module ran.
+
+    Returns True when the module already ran in the innermost context (a repeated call in one step).
+    Also runs under torch.compile (a dict update Dynamo replays after the graph), so the amaxes of
+    compiled modules are reduced at the next `fp8_autocast(fp8_group=...)` entry too.
+    """
+    ran_before = bool(_STACK) and id(module) in _STACK[-1]._modules
+    for state in _STACK:
+        state._modules[id(module)] = module
+    return ran_before

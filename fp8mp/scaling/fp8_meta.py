@@ -1,0 +1,147 @@
+"""Per-module FP8 scaling state: amaxes, amax history, scales, as buffers.
+
+A module that computes in FP8 owns one `Fp8Meta` with a column per FP8 tensor
+it casts (for Linear: input, weight, grad_output). All columns are updated by
+one op call per step (`update_amax_history_and_scale`), not a loop per tensor.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from fp8mp.scaling import distributed
+from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Recipe
+from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
+from fp8mp.ops.format import FP8_MAX
+
+
+class LinearTensor(enum.IntEnum):
+    """Column of each FP8 tensor of a Linear in its Fp8Meta."""
+
+    INPUT = 0
+    WEIGHT = 1
+    GRAD_OUTPUT = 2
+
+
+def keep_buffer_dtypes(module: torch.nn.Module, dtypes: dict[str, torch.dtype]) -> None:
+    """Undo a dtype conversion of the named buffers (after `model.bfloat16()`, `model.to(dtype)`...)."""
+    for name, dtype in dtypes.items():
+        buffer = module._buffers.get(name)
+        if buffer is not None and buffer.dtype != dtype:
+            module._buffers[name] = buffer.to(dtype)
+
+
+class Fp8Meta(torch.nn.Module):
+    """Scaling buffers for `num_tensors` FP8 tensors of one module.
+
+    Buffers (non-persistent: a module's state_dict keys stay those of its torch twin):
+        amax [T]: newest amax of each tensor, written by the cast kernels.
+        amax_history [H, T]: row 0 newest (delayed scaling).
+        scale [T], scale_inv [T]: what the next casts use; scale_inv == 1 / scale.
+        fp8_max [T]: largest finite value of each tensor's format under the active recipe.
+    """
+
+    def __init__(self, num_tensors: int, backward_tensors: tuple[int, ...], device=None):
+        super().__init__()
+        self.num_tensors = num_tensors
+        self.backward_tensors = backward_tensors
+        self.recipe: Recipe | None = None
+        # False until a first forward set scales from the data itself: delayed
+        # scaling would otherwise cast step 0 with scale 1 and saturate anything above 448.
+        self.initialized = False
+        factory = dict(dtype=torch.float32, device=device)
+        self.register_buffer("amax", torch.zeros(num_tensors, **factory), persistent=False)
+        self.register_buffer("amax_history", torch.zeros(1, num_tensors, **factory), persistent=False)
+        self.register_buffer("scale", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("scale_inv", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
+        # bf16 scale would round. Device moves apply as usual.
+        super()._apply(fn, recurse)
+        keep_buffer_dtypes(self, {name: torch.float32 for name in self._buffers})
+        return self
+
+    # ------------------------------------------------------------ checkpoints
+    # The scaling state travels in the module's state_dict as "<prefix>fp8_meta._extra_state",
+    # so training resumed from a checkpoint continues with the same scales, bit for bit.
+
+    _STATE_BUFFERS = ("amax", "amax_history", "scale", "scale_inv")
+
+    def get_extra_state(self) -> dict:
+        state = {name: getattr(self, name).detach().clone() for name in self._STATE_BUFFERS}
+        state["initialized"] = self.initialized
+        return state
+
+    def set_extra_state(self, state: dict) -> None:
+        missing = [k for k in (*self._STATE_BUFFERS, "initialized") if k not in state]
+        if missing:
+            raise ValueError(f"Fp8Meta: checkpoint extra state lacks {missing}")
+        if state["amax"].shape != self.amax.shape:
+            raise ValueError(f"Fp8Meta: checkpoint holds {state['amax'].numel()} FP8 tensors, this module has {self.num_tensors}")
+        with torch.no_grad():
+            for name in ("amax", "scale", "scale_inv"):
+                getattr(self, name).copy_(state[name])
+            self.amax_history = state["amax_history"].to(device=self.amax.device, dtype=torch.float32).clone()
+        self.initialized = bool(state["initialized"])
+        self.recipe = None  # the next forward re-reads formats; a history of matching length is kept
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        # A plain torch checkpoint (nn.Linear, nn.LayerNorm) has no FP8 state: start fresh, don't fail strict loading.
+        extra_key = prefix + "_extra_state"
+        if extra_key not in state_dict and extra_key in missing_keys:
+            missing_keys.remove(extra_key)
+
+    def format_of(self, index: int) -> str:
+        assert self.recipe is not None
+        fmt = self.recipe.fp8_format
+        return fmt.backward_format if index in self.backward_tensors else fmt.forward_format
+
+    def configure(self, recipe: Recipe) -> None:
+        """Adopt `recipe` (history length, formats); a no-op when it is the one already in use."""
+        if recipe is self.recipe:
+            return
+        history_len = recipe.amax_history_len if isinstance(recipe, DelayedScaling) else 1
+        if self.amax_history.shape[0] != history_len:
+            self.amax_history = self.amax_history.new_zeros(history_len, self.num_tensors)
+        self.recipe = recipe
+        self.fp8_max.copy_(torch.tensor([FP8_MAX[self.format_of(i)] for i in range(self.num_tensors)]))
+
+    def step_delayed_scaling(self) -> None:
+        """Push the last step's amaxes into the history and recompute every scale (one op call)."""
+        recipe = self.recipe
+        assert isinstance(recipe, DelayedScaling)
+        update_amax_history_and_scale(
+            self.amax, self.amax_history, self.scale, self.scale_inv, self.fp8_max, recipe.margin, recipe.amax_compute_algo
+        )
+
+    def set_scale_from(self, index: int, tensor: torch.Tensor, group=None) -> None:
+        """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor).
+
+        group: a torch.distributed ProcessGroup over which that amax is max-reduced first (one
+        all_reduce per call), so every rank gets the same scale; None: this rank's amax alone.
+        """
+        if tensor.numel() == 0:  # amax of nothing is 0, which keeps the previous scale
+            amax = torch.zeros(1, device=tensor.device)
+        else:
+            amax = tensor.detach().abs().amax().float().reshape(1)
+        if group is not None:
+            amax = distributed.all_reduce_amax_(amax, group)
+        new_scale = compute_scale(amax, float(FP8_MAX[self.format_of(index)]), self.recipe.margin, self.scale[index : index + 1])
+        self.scale[index : index + 1].copy_(new_scale)
+        self.scale_inv[index : index + 1].copy_(new_scale.reciprocal())
+
+    def reset_scaling(self) -> None:
+        """Forget amaxes, history and scales: the next forward sets scales from the data, as on step 0."""
+        self.amax.zero_()
+        self.amax_history.zero_()
+        self.scale.fill_(1.0)
+        self.scale_inv.fill_(1.0)
+        self.initialized = False
+
+    def uses_current_scaling(self) -> bool:
+        """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
+        return isinstance(self.recipe, CurrentScaling) or not self.initialized

@@ -1,0 +1,111 @@
+"""FP8 scaling recipes, in Transformer Engine's vocabulary.
+
+A recipe says how each FP8 tensor gets its scale. In every recipe
+
+    scale = fp8_max / amax / 2**margin
+
+maps the tensor's largest magnitude ``amax`` onto a point ``2**margin`` below
+the format's largest finite value ``fp8_max`` (448 for E4M3, 57344 for E5M2),
+so a larger margin trades precision for headroom against overflow. When amax
+is 0, NaN or Inf (or the result is not a finite positive number) the previous
+scale is kept: a step with an all-zero tensor or an overflow does not destroy
+the scale. ``scale_inv = 1 / scale`` always.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from fp8mp.ops.validation import check_int
+
+__all__ = ["Format", "DelayedScaling", "CurrentScaling", "AMAX_COMPUTE_ALGOS"]
+
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+
+
+class Format(enum.Enum):
+    """Which FP8 format the forward and the backward pass use.
+
+    E4M3: everything in E4M3 (more precision, max 448).
+    E5M2: everything in E5M2 (more range, max 57344).
+    HYBRID: E4M3 in the forward pass (inputs and weights), E5M2 for gradients
+    in the backward pass, whose range is wider. The usual choice for training.
+    """
+
+    E4M3 = "E4M3"
+    E5M2 = "E5M2"
+    HYBRID = "HYBRID"
+
+    @property
+    def forward_format(self) -> str:
+        """Op format string ("e4m3"/"e5m2") of forward tensors (inputs and weights)."""
+        return "e5m2" if self is Format.E5M2 else "e4m3"
+
+    @property
+    def backward_format(self) -> str:
+        """Op format string ("e4m3"/"e5m2") of gradients."""
+        return "e4m3" if self is Format.E4M3 else "e5m2"
+
+
+def _check_format(value) -> None:
+    if not isinstance(value, Format):
+        raise ValueError(f"fp8_format must be a fp8mp.recipe.Format (E4M3, E5M2 or HYBRID), got {value!r}")
+
+
+@dataclass(frozen=True)
+class DelayedScaling:
+    """Delayed scaling: the scale used at step n comes from the amaxes of earlier steps.
+
+    Each cast records its tensor's amax; after the step,
+    :func:`fp8mp.update_amax_history_and_scale` pushes it into a rolling
+    history of the last ``amax_history_len`` amaxes and computes the next
+    scale, ``fp8_max / effective_amax / 2**margin``, where effective_amax is
+    the max over the whole history (``amax_compute_algo="max"``, robust to
+    spikes but slow to recover: a spike dominates until it leaves the window)
+    or the newest amax (``"most_recent"``). An effective amax of 0, NaN or Inf
+    keeps the previous scale (NaN/Inf are still recorded in the history).
+
+    Attributes:
+        margin: int >= 0; scales are divided by ``2**margin``.
+        fp8_format: a :class:`Format`; HYBRID (default) is E4M3 forward, E5M2 backward.
+        amax_history_len: int >= 1, the window length H.
+        amax_compute_algo: "max" (default) or "most_recent".
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+
+    def __post_init__(self) -> None:
+        check_int("margin", self.margin, 0)
+        _check_format(self.fp8_format)
+        check_int("amax_history_len", self.amax_history_len, 1)
+        if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            raise ValueError(f"amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, got {self.amax_compute_algo!r}")
+
+
+@dataclass(frozen=True)
+class CurrentScaling:
+    """Current (just-in-time) scaling: each tensor's scale comes from its own amax, every step.
+
+    ``scale = fp8_max / amax(x) / 2**margin`` is computed from the tensor about
+    to be cast (see :func:`fp8mp.scaling.compute_scale`), so nothing is
+    stale, at the price of an extra pass over the tensor to find its amax.
+    An amax of 0, NaN or Inf keeps the previous scale.
+
+    Attributes:
+        margin: int >= 0; scales are divided by ``2**margin``.
+        fp8_format: a :class:`Format`; HYBRID (default) is E4M3 forward, E5M2 backward.
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+
+    def __post_init__(self) -> None:
+        check_int("margin", self.margin, 0)
+        _check_format(self.fp8_format)
+
+
+# Any recipe fp8_autocast accepts (usable with isinstance).
+Recipe = DelayedScaling | CurrentScaling

@@ -1,0 +1,225 @@
+"""`fp8mp.Trainer`: the FP8 training loop of the README, assembled from fp8mp's pieces by one config.
+
+    trainer = fp8mp.Trainer(model, {"precision": "fp8_mixed", "keep_high_precision": ["lm_head"], "lr": 3e-4})
+    losses = trainer.fit(batches, loss_fn, steps=1000)        # loss_fn(model, batch) -> scalar loss
+    val = trainer.evaluate(val_batches, loss_fn)
+    torch.save(trainer.state_dict(), "ckpt.pt")
+
+One step: forward under torch.autocast (bf16 activations, per config) and fp8mp.fp8_autocast (fp8_mixed),
+`scaler.scale(loss).backward()`, `scaler.unscale_`, gradient clipping in FP32 on the true gradients,
+`scaler.step` (skipped on an Inf/NaN gradient), `scaler.update`, then the fallback policy and the monitor.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from typing import Any, Callable, Iterable
+
+import torch
+from tqdm import tqdm
+
+from fp8mp.training.loss_scaler import LossScaler
+from fp8mp.scaling.autocast import fp8_autocast
+from fp8mp.nn.conversion import convert
+from fp8mp.training.fallback import FallbackPolicy
+from fp8mp.training.monitor import Fp8Monitor
+from fp8mp.nn.linear import Linear
+from fp8mp.nn.lora import apply_lora
+from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
+from fp8mp.training.trainer_config import TrainerConfig
+
+__all__ = ["Trainer"]
+
+logger = logging.getLogger("fp8mp")
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+_STATE_KEYS = ("model", "optimizer", "scaler", "step")
+
+
+def name_under(name: str, prefix: str) -> bool:
+    """True when module `name` is `prefix` or lies under it ("enc" covers "enc.fc", not "encoder")."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
+class Trainer:
+    """Converts `model` per `config` (in place) and trains it (see the module docstring).
+
+    Args:
+        model: any torch module; its nn.Linear layers become fp8mp.nn.Linear except under
+            config.keep_high_precision (under precision "bf16"/"fp32" they compute exactly as nn.Linear).
+        config: a TrainerConfig or a plain dict for TrainerConfig.from_dict.
+        optimizer: None builds AdamW(lr, weight_decay) over the trainable parameters (wrapped in
+            fp8mp.optim.MasterWeightOptimizer when the model has unfrozen FP8-stored weights); or your own.
+
+    Attributes: model, config, optimizer, scaler (LossScaler), fallback (FallbackPolicy or None),
+    monitor (Fp8Monitor or None), recipe (the default FP8 recipe), step (optimizer steps taken).
+    """
+
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig | dict, optimizer=None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"Trainer: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(config, dict):
+            config = TrainerConfig.from_dict(config)
+        if not isinstance(config, TrainerConfig):
+            raise TypeError(f"Trainer: argument 'config' must be a TrainerConfig or a dict, got {type(config).__name__}")
+        self.config = config
+        self.recipe = config.fp8_recipe()
+        self.model = prepare_model(model, config, self.recipe)
+        self.optimizer = optimizer if optimizer is not None else build_optimizer(self.model, config)
+        self.scaler = LossScaler(init_scale=config.initial_scale, growth_interval=config.growth_interval,
+                                 enabled=config.dynamic_loss_scaling)
+        self.fallback = FallbackPolicy(cooldown_steps=config.fallback_cooldown_steps) if config.fallback else None
+        self.monitor = Fp8Monitor(self.model, every=config.log_every) if config.monitor else None
+        self.step = 0
+
+    # ----------------------------------------------------------------------------- one step
+    def compute_context(self) -> contextlib.ExitStack:
+        """The forward's precision: torch.autocast(bf16) and/or fp8_autocast, per config.precision."""
+        stack = contextlib.ExitStack()
+        precision = self.config.precision
+        if precision == "bf16" or (precision == "fp8_mixed" and self.config.activation_dtype == "bf16"):
+            stack.enter_context(torch.autocast(_device_type(self.model), dtype=torch.bfloat16))
+        if precision == "fp8_mixed":
+            stack.enter_context(fp8_autocast(enabled=True, fp8_recipe=self.recipe))
+        return stack
+
+    def train_step(self, batch, loss_fn: LossFn) -> float:
+        """One optimizer step on `batch`; returns the (unscaled) loss. Skipped by the scaler on Inf/NaN grads."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.compute_context():
+            loss = _checked_loss(loss_fn(self.model, batch))
+        self.scaler.scale(loss.float()).backward()
+        self.scaler.unscale_(self.optimizer)
+        if self.config.grad_clip is not None:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.fallback is not None:
+            self.fallback.step(self.model)
+        if self.monitor is not None:
+            self.monitor.record_step()
+        self.step += 1
+        return loss.item()
+
+    def fit(self, batches: Iterable, loss_fn: LossFn, steps: int | None = None) -> list[float]:
+        """`train_step` on each batch (the first `steps` of them when given); returns the losses.
+
+        A tqdm bar (config.progress_bar) shows the loss and the loss scale every config.log_every steps.
+        """
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"Trainer.fit: argument 'steps' must be None or an int >= 1, got {steps!r}")
+        total = steps if steps is not None else (len(batches) if hasattr(batches, "__len__") else None)
+        bar = tqdm(itertools.islice(batches, steps), total=total, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not self.config.progress_bar)
+        losses = []
+        for batch in bar:
+            losses.append(self.train_step(batch, loss_fn))
+            if len(losses) % self.config.log_every == 0 or len(losses) == total:
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", scale=f"{self.scaler.get_scale():g}")
+        bar.close()
+        if steps is not None and len(losses) < steps:
+            logger.warning("fp8mp.Trainer.fit: argument 'batches' ran out after %d of %d steps", len(losses), steps)
+        return losses
+
+    def evaluate(self, batches: Iterable, loss_fn: LossFn) -> float:
+        """Mean loss over `batches`, in eval mode, without grad, in the training precision (monitor paused)."""
+        was_training = self.model.training
+        self.model.eval()
+        losses = []
+        paused = self.monitor.pause() if self.monitor is not None else contextlib.nullcontext()
+        try:
+            with torch.no_grad(), paused:
+                for batch in batches:
+                    with self.compute_context():
+                        losses.append(_checked_loss(loss_fn(self.model, batch)).item())
+        finally:
+            self.model.train(was_training)
+        if not losses:
+            raise ValueError("Trainer.evaluate: argument 'batches' yielded no batch")
+        return sum(losses) / len(losses)
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """Model (with FP8 scaling state), optimizer, loss scaler and step count.
+
+        Tensors are references, as in torch's state_dicts: torch.save it (or copy.deepcopy) to keep it.
+        """
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "step": self.step,
+                "fallback": self.fallback.state_dict() if self.fallback is not None else None}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what `state_dict()` returned; training then continues as it would have."""
+        missing = [k for k in _STATE_KEYS if not isinstance(state_dict, dict) or k not in state_dict]
+        if missing:
+            raise ValueError(f"Trainer.load_state_dict: argument 'state_dict' lacks keys {missing}")
+        self.model.load_state_dict(state_dict["model"])
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.scaler.load_state_dict(state_dict["scaler"])
+        self.step = int(state_dict["step"])
+        if self.fallback is not None and state_dict.get("fallback") is not None:
+            self.fallback.load_state_dict(state_dict["fallback"], self.model)
+
+
+# --------------------------------------------------------------------------------- model preparation
+def prepare_model(model: torch.nn.Module, config: TrainerConfig, recipe) -> torch.nn.Module:
+    """Convert (sparing keep_high_precision), pin format_overrides' recipes, then wrap LoRA targets."""
+    keep = config.keep_high_precision
+    names = [name for name, _ in model.named_modules()]
+    for prefix in keep:
+        if not any(name_under(name, prefix) for name in names):
+            raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} matches no module of the model")
+    model = convert(model, module_filter=lambda name, m: not any(name_under(name, p) for p in keep))
+    for prefix in keep:
+        already = [n for n, m in model.named_modules() if name_under(n, prefix) and isinstance(m, Linear)]
+        if already:
+            raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} covers {already}, which the "
+                             "model already builds as fp8mp.nn.Linear; build them as torch.nn.Linear to keep them")
+    _apply_format_overrides(model, config, recipe)
+    if config.lora is not None:
+        lora = config.lora
+        model = apply_lora(model, lora.rank, lora.alpha, list(lora.targets), fp8_base_weight=lora.fp8_base_weight)
+    return model
+
+
+def _apply_format_overrides(model: torch.nn.Module, config: TrainerConfig, recipe) -> None:
+    """Set `fp8_recipe` on the converted modules under each prefix (the longest matching prefix wins)."""
+    converted = {name: m for name, m in model.named_modules() if hasattr(m, "fp8_meta") and hasattr(m, "fp8_recipe")}
+    recipes = {config.fp8_format: recipe}
+    for prefix, fmt in sorted(config.format_overrides, key=lambda pair: len(pair[0])):
+        matched = [m for name, m in converted.items() if name_under(name, prefix)]
+        if not matched:
+            raise ValueError(f"TrainerConfig: key 'format_overrides' prefix {prefix!r} matches no converted module; "
+                             f"the converted modules are {sorted(converted)}")
+        if fmt not in recipes:
+            recipes[fmt] = config.fp8_recipe(fmt)
+        for module in matched:
+            module.fp8_recipe = recipes[fmt]
+
+
+def build_optimizer(model: torch.nn.Module, config: TrainerConfig):
+    """AdamW over the trainable parameters; with unfrozen FP8-stored weights, over their FP32 masters too."""
+    def adamw(params) -> torch.optim.Optimizer:
+        trainable = [p for p in params if p.requires_grad]
+        if not trainable:
+            raise ValueError("Trainer: argument 'model' has no trainable parameter (all have requires_grad=False)")
+        return torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+
+    if any(getattr(m, "stores_fp8_weight", False) and not getattr(m, "weight_frozen", False) for m in model.modules()):
+        return MasterWeightOptimizer(adamw, model)
+    return adamw(model.parameters())
+
+
+def _device_type(model: torch.nn.Module) -> str:
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device.type
+    return "cpu"
+
+
+def _checked_loss(loss) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"Trainer: argument 'loss_fn' must return a scalar loss tensor, got {what}")
+    return loss
