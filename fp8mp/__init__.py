@@ -10,7 +10,7 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
 import sys as _sys
 
 from fp8mp import nn, ops, scaling, training
-from fp8mp.nn import convert, fp8_model_init, unconvert
+from fp8mp.nn import convert, fp8_model_init, load_state_dict, unconvert
 from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available, fp8_gemm,
                        update_amax_history_and_scale)
 from fp8mp.scaling import distributed, recipe
@@ -42,6 +42,7 @@ __all__ = [
     "nn",
     "convert",
     "unconvert",
+    "load_state_dict",
     "amp",
     "LossScaler",
     "fp8_model_init",

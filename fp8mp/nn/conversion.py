@@ -81,6 +81,7 @@ def convert(
         new = make(module)
         if recipe is not None and hasattr(new, "fp8_recipe"):
             new.fp8_recipe = recipe
+            new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
         return new
 
     return _swap_in_place(model, replacement)

@@ -124,5 +124,5 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
     out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn, fp8_weight)
-    meta.initialized = True
+    meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -69,5 +69,5 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
     )
     out = Fp8LinearFunction.apply(route, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn,
                                   None, (y_fp8, y_fp8_t))
-    meta.initialized = True
+    meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
