@@ -39,12 +39,13 @@ def _col(t: torch.Tensor, index: int) -> torch.Tensor:
 
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, fp8_weight=None,
-                fp8_input=None, weight_in_out=False):
+    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, lock,
+                fp8_weight=None, fp8_input=None, weight_in_out=False):
         """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
 
         formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
         callable setting the grad_output scale from the gradient itself (current scaling).
+        lock: the module's Fp8Meta.lock(), held by backward around its scale update and cast.
         fp8_weight: None, or (w_fp8 [N,K] float8_e4m3fn, w_scale_inv [1]): a stored FP8 weight used
         instead of casting `weight`, which then only receives the gradient (it may be None).
         fp8_input: None, or (x_fp8, x_fp8_t) already cast with the INPUT scale (by a fused norm, see
@@ -75,6 +76,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         ctx.weight_in_out = weight_in_out
         ctx.backward_format = backward_format
         ctx.grad_scale_fn = grad_scale_fn
+        ctx.lock = lock
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
@@ -86,10 +88,12 @@ class Fp8LinearFunction(torch.autograd.Function):
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
-        if ctx.grad_scale_fn is not None:
-            ctx.grad_scale_fn(grad_out)
-        g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD), ctx.backward_format)
-        g_scale_inv = _col(meta_scale_inv, GRAD).clone()
+        with ctx.lock:
+            if ctx.grad_scale_fn is not None:
+                ctx.grad_scale_fn(grad_out)
+            g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD),
+                                                   ctx.backward_format)
+            g_scale_inv = _col(meta_scale_inv, GRAD).clone()
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, _col(used_scale_inv, WEIGHT), None, ctx.x_dtype)
@@ -99,7 +103,7 @@ class Fp8LinearFunction(torch.autograd.Function):
             grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None
 
 
 def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
@@ -127,7 +131,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """y = x @ weight.T + bias in FP8 per `meta`'s recipe, for x of shape [..., K].
 
     fp8_weight: (w_fp8, w_scale_inv), a stored FP8 weight to use as it is; `weight` then only
-    receives the weight gradient (see Fp8LinearFunction.forward).
+    receives the weight gradient (see Fp8LinearFunction.forward). The caller holds `meta.lock()`.
     group: fp8_autocast's fp8_group (None: no reduction). Current scaling reduces each amax it
     computes; delayed scaling reduces the module's amaxes first when `ran_before` (the module
     already ran in this context: its last amaxes were not reduced at the context's entry).
@@ -136,8 +140,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn, fp8_weight,
-                                  None, weight_in_out)
+    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn,
+                                  meta.lock(), fp8_weight, None, weight_in_out)
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

@@ -6,7 +6,9 @@ one op call per step (`update_amax_history_and_scale`), not a loop per tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
+import threading
 
 import torch
 
@@ -14,6 +16,9 @@ from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Recipe
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 from fp8mp.ops.format import FP8_MAX
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 class LinearTensor(enum.IntEnum):
@@ -68,6 +73,7 @@ class Fp8Meta(torch.nn.Module):
         self.num_tensors = num_tensors
         self.backward_tensors = backward_tensors
         self.recipe: Recipe | None = None
+        self._lock = threading.RLock()
         factory = dict(dtype=torch.float32, device=device)
         self.register_buffer("amax", torch.zeros(num_tensors, **factory))
         self.register_buffer("amax_history", torch.zeros(history_len, num_tensors, **factory))
@@ -79,6 +85,25 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("initialized", torch.zeros(1, dtype=torch.bool, device=device))
         self._initialized = False
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
+
+    # ------------------------------------------------------------ threads
+    # Threads sharing a model must not interleave one module's scale update, the casts that use
+    # the scales and the copies of scale_inv its GEMMs decode with: fp8mp modules hold this lock
+    # from the update to the last use, in forward and in backward. An RLock, so a module may nest.
+
+    def lock(self):
+        """This module's scaling lock (a no-op context while torch.compile traces: a compiled graph
+        takes no Python lock, so threads sharing a compiled FP8 model must take turns themselves)."""
+        return _NO_LOCK if torch.compiler.is_compiling() else self._lock
+
+    def __getstate__(self) -> dict:  # a lock cannot be copied or pickled; a copy gets its own
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._lock = threading.RLock()
 
     def _apply(self, fn, recurse=True):
         # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
@@ -155,12 +180,13 @@ class Fp8Meta(torch.nn.Module):
 
     def reset_scaling(self) -> None:
         """Forget amaxes, history and scales: the next forward sets scales from the data, as on step 0."""
-        self.amax.zero_()
-        self.amax_history.zero_()
-        self.scale.fill_(1.0)
-        self.scale_inv.fill_(1.0)
-        self.initialized.fill_(False)
-        self._initialized = False
+        with self.lock():
+            self.amax.zero_()
+            self.amax_history.zero_()
+            self.scale.fill_(1.0)
+            self.scale_inv.fill_(1.0)
+            self.initialized.fill_(False)
+            self._initialized = False
 
     def uses_current_scaling(self) -> bool:
         """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
