@@ -28,6 +28,11 @@ def sources(pattern: str) -> list:
     return sorted(glob.glob(os.path.join(CSRC, pattern)) + glob.glob(os.path.join(CSRC, "*", pattern)))
 
 
+def is_cuda_source(path: str) -> bool:
+    """The CUDA kernels (*.cu) and their torch glue (<family>_cuda.cpp)."""
+    return path.endswith(".cu") or path.endswith("_cuda.cpp")
+
+
 def want_cuda() -> bool:
     mode = os.environ.get("FP8MP_CUDA", "auto").lower()
     if mode not in ("0", "1", "auto"):
@@ -57,14 +62,14 @@ def cublaslt_link_args() -> list:
 
 
 def extension():
-    cpu_sources = sources("*.cpp")
+    cpu_sources = [s for s in sources("*.cpp") if not is_cuda_source(s)]
     cxx_flags = ["-O3", "-ffp-contract=off", "-fdiagnostics-color=always"]
     if not want_cuda():
         print("fp8mp: building the CPU-only extension", flush=True)
         return CppExtension("fp8mp._C", cpu_sources, include_dirs=[os.path.abspath(CSRC)],
                             extra_compile_args={"cxx": cxx_flags})
     print(f"fp8mp: building CPU + CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}", flush=True)
-    cuda_sources = sources("*.cu")
+    cuda_sources = sources("*.cu") + [s for s in sources("*.cpp") if is_cuda_source(s)]
     nvcc_flags = ["-O3", "--fmad=false", "-lineinfo", "--expt-relaxed-constexpr"]
     return CUDAExtension(
         "fp8mp._C",

@@ -1,6 +1,7 @@
 // The one schema file: every fp8mp op is declared here, once. Device
-// implementations live in each family's folder, csrc/<family>/<family>_cpu.cpp and
-// _cuda.cu (TORCH_LIBRARY_IMPL); fake (meta) kernels and autograd in Python, in the
+// implementations live in each family's folder: torch-free kernels in
+// <family>_cpu_kernels.cpp / _cuda_kernels.cu, their torch glue (checks, allocation,
+// TORCH_LIBRARY_IMPL) in <family>_cpu.cpp / _cuda.cpp; fake (meta) kernels and autograd in Python, in the
 // family's module of fp8mp/ops/ (cast.py, gemm.py, norm.py, scale_update.py).
 #include <torch/library.h>
 

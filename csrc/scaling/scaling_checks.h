@@ -7,11 +7,9 @@
 #include <optional>
 
 #include "common/op_checks.h"
+#include "scaling/scaling_rule.h"
 
 namespace fp8mp {
-
-// How update_amax_history_and_scale turns a column of the history into the amax a scale is computed from.
-enum class AmaxComputeAlgo : int { Max = 0, MostRecent = 1 };
 
 // "max" / "most_recent". Anything else raises ValueError naming `amax_compute_algo`.
 AmaxComputeAlgo parse_amax_compute_algo(c10::string_view algo, const char* op);

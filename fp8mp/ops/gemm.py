@@ -1,8 +1,8 @@
 """FP8 GEMM: ``out = (a @ b.T) * (a_scale_inv * b_scale_inv) + bias``, as in nn.Linear.
 
 The op ``fp8mp::fp8_gemm`` is declared in csrc/ops.cpp and implemented with
-cuBLASLt on CUDA (csrc/gemm/gemm_cuda.cu) and as an fp32 emulation on CPU
-(csrc/gemm/gemm_cpu.cpp); both check their arguments in C++
+cuBLASLt on CUDA (csrc/gemm/gemm_cuda_kernels.cu) and as an fp32 emulation on CPU
+(csrc/gemm/gemm_cpu_kernels.cpp); both check their arguments in C++
 (csrc/gemm/gemm_checks.cpp: check_fp8_gemm_args).
 """
 from __future__ import annotations

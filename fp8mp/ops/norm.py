@@ -1,7 +1,7 @@
 """LayerNorm / RMSNorm ops: fake kernels, autograd, and documented wrappers.
 
-The six ops are declared in csrc/ops.cpp and implemented in csrc/norm/norm_cpu.cpp
-and csrc/norm/norm_cuda.cu. All normalize over the last dimension H of ``x``, with
+The six ops are declared in csrc/ops.cpp and implemented in csrc/norm/norm_cpu_kernels.cpp
+and csrc/norm/norm_cuda_kernels.cu. All normalize over the last dimension H of ``x``, with
 statistics (mean, rstd) in fp32 whatever x's dtype (float32, bfloat16, float16):
 
 * ``layernorm_fwd``:  out = (x - mean) * rstd * g + bias

@@ -1,7 +1,7 @@
 """Scale updates: the fused delayed-scaling op and the current-scaling rule.
 
 ``update_amax_history_and_scale`` is declared in csrc/ops.cpp and implemented
-in csrc/scaling/scaling_cpu.cpp / csrc/scaling/scaling_cuda.cu, which check the arguments.
+in csrc/scaling/scaling_{cpu,cuda}_kernels.*, whose glue (scaling_cpu.cpp / scaling_cuda.cpp) checks the arguments.
 """
 from __future__ import annotations
 
