@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   - create .venv, install pinned deps, build fp8mp, run the main example
-#   make test   - same set-up, then Catch2 (ctest) and pytest
+#   make test   - same set-up, then Catch2 (ctest), pytest and the user install (.ci/user_install.sh)
 # FP8MP_CUDA=0 gives a quick CPU-only build; the default (auto) also compiles
 # the CUDA kernels when torch is a CUDA build and nvcc is present.
 SHELL := /bin/bash
@@ -22,12 +22,12 @@ MODE_FILE := $(VENV)/.fp8mp-cuda-mode
 # Rewritten only when FP8MP_CUDA changes, so switching modes triggers a rebuild.
 $(shell mkdir -p $(VENV); [ "$$(cat $(MODE_FILE) 2>/dev/null)" = "$(FP8MP_CUDA)" ] || echo "$(FP8MP_CUDA)" > $(MODE_FILE))
 
-.PHONY: demo test test-cpp test-py build bench system-deps clean
+.PHONY: demo test test-cpp test-py user-install build bench system-deps clean
 
 demo: build
 	$(PY) examples/train_gpt.py
 
-test: test-cpp test-py
+test: test-cpp test-py user-install
 
 system-deps:
 	@dpkg -s catch2 cmake >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq catch2 cmake; }
@@ -51,6 +51,10 @@ test-cpp: system-deps $(DEPS_STAMP)
 
 test-py: build
 	$(PY) -m pytest -q
+
+# A fresh venv, torch, `pip install .` (build isolation), import, quickstart, uninstall: what a user does.
+user-install:
+	.ci/user_install.sh
 
 bench: build
 	$(PY) benchmarks/bench_cast.py
