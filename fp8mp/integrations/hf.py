@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -89,10 +89,12 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
         raise ValueError("fp8mp.integrations.hf.prepare: argument 'model' is already prepared")
     if recipe is not None:
         validate_recipe(recipe)
-    keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
-    if isinstance(keep_high_precision, str) or not all(isinstance(p, str) for p in keep):
+    prefixes = keep_high_precision
+    if prefixes is not None and (isinstance(prefixes, str) or not isinstance(prefixes, Iterable)
+                                 or not all(isinstance(p, str) for p in prefixes)):
         raise TypeError("fp8mp.integrations.hf.prepare: argument 'keep_high_precision' must be an iterable of "
                         f"module-name prefixes, got {keep_high_precision!r}")
+    keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
     convert(model, recipe=recipe, module_filter=lambda name, m: not any(name_under(name, p) for p in keep),
             convert_norms=convert_norms)
     hooks = Fp8Forward(recipe)

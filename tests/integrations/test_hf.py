@@ -82,6 +82,8 @@ def test_prepare_arguments():
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied
     with pytest.raises(TypeError, match="'keep_high_precision'"):
         hf.prepare(hf_models.build("gpt2"), keep_high_precision="lm_head")
+    with pytest.raises(TypeError, match="'keep_high_precision'"):
+        hf.prepare(hf_models.build("gpt2"), keep_high_precision=5)
     with pytest.raises(TypeError, match="'model'"):
         hf.prepare("gpt2")
     with pytest.raises(TypeError, match="fp8_recipe"):
