@@ -6,10 +6,11 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
     fp8mp.scaling   recipes, Fp8Meta, fp8_autocast, amax reduction across ranks
     fp8mp.nn        modules, their autograd functions, convert, LoRA, FP8 weights
     fp8mp.training  LossScaler, master weights, fallback, monitor, Trainer
+    fp8mp.integrations  Hugging Face transformers (fp8mp.integrations.hf: prepare, from_pretrained)
 """
 import sys as _sys
 
-from fp8mp import nn, ops, scaling, training
+from fp8mp import integrations, nn, ops, scaling, training
 from fp8mp.nn import convert, fp8_model_init, load_state_dict, unconvert
 from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available, fp8_gemm,
                        update_amax_history_and_scale)
@@ -53,5 +54,6 @@ __all__ = [
     "get_fp8_group",
     "Trainer",
     "TrainerConfig",
+    "integrations",
     "__version__",
 ]

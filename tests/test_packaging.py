@@ -60,7 +60,7 @@ def test_every_third_party_import_is_declared():
     required, extras = declared()
     optional = set().union(*extras.values())
     imports = third_party_imports()
-    assert {"torch", "tqdm", "matplotlib"} <= imports.keys()  # the walk sees what fp8mp imports
+    assert {"torch", "tqdm", "matplotlib", "transformers"} <= imports.keys()  # the walk sees what fp8mp imports
     undeclared = {m: sorted(files) for m, files in imports.items() if not distributions_of(m) & (required | optional)}
     assert not undeclared, f"imported by fp8mp but not declared in pyproject.toml: {undeclared}"
 
@@ -69,7 +69,7 @@ def test_fp8mp_imports_with_only_the_required_dependencies():
     required, extras = declared()
     optional_only = set().union(*extras.values()) - required
     blocked = sorted(m for m in third_party_imports() if distributions_of(m) and distributions_of(m) <= optional_only)
-    assert "matplotlib" in blocked
+    assert {"matplotlib", "transformers", "safetensors"} <= set(blocked)
     script = textwrap.dedent(f"""
         import importlib, pkgutil, sys
         BLOCKED = {blocked!r}
@@ -96,6 +96,12 @@ def test_fp8mp_imports_with_only_the_required_dependencies():
             assert "pip install 'fp8mp[plot]'" in str(error), error
         else:
             raise AssertionError("plot without matplotlib did not raise")
+        try:
+            fp8mp.integrations.hf.from_pretrained(object, ".")
+        except ImportError as error:
+            assert "pip install 'fp8mp[hf]'" in str(error), error
+        else:
+            raise AssertionError("from_pretrained without transformers did not raise")
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]))

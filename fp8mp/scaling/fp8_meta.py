@@ -127,7 +127,10 @@ class Fp8Meta(torch.nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         state_dict = _upgrade_extra_state(state_dict, prefix)
         present = [name for name in self.STATE_KEYS if prefix + name in state_dict]
-        if not present:  # a plain torch checkpoint (nn.Linear, Conv1D, ...): fresh FP8 state, strict loading passes
+        if not present:
+            # A plain torch checkpoint (nn.Linear, Conv1D, ...), or a partial load without this state: strict
+            # loading passes and the state is reset, so the next forward scales from the data (as on step 0)
+            # rather than from amaxes of other weights.
             self.reset_scaling()
             return
         history = state_dict.get(prefix + "amax_history")
