@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor
+from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
@@ -39,9 +39,12 @@ def _col(t: torch.Tensor, index: int) -> torch.Tensor:
 
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, lock,
-                fp8_weight=None, fp8_input=None, weight_in_out=False):
+    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, meta_step_amax, formats, grad_scale_fn,
+                lock, fp8_weight=None, fp8_input=None, weight_in_out=False):
         """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
+
+        meta_step_amax: Fp8Meta.step_amax, into which every cast's amax is folded (the step's
+        non-finite check), or None for a forward that records no gradient (evaluation).
 
         formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
         callable setting the grad_output scale from the gradient itself (current scaling).
@@ -66,12 +69,15 @@ class Fp8LinearFunction(torch.autograd.Function):
         else:  # stored FP8 weight; backward transposes it (saving one FP8 copy of the weight, not two)
             w_fp8, w_fp8_t = fp8_weight[0], None
             used_scale_inv = torch.cat((_col(meta_scale_inv, INPUT), fp8_weight[1]))
+        if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
+            written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
+            fold_amax_(meta_step_amax[:written], meta_amax[:written])
         out_bias = bias.to(x2d.dtype) if bias is not None else None
         out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype)
         ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
         # The scaling buffers are state, read and written in place by backward, not saved values: a module
         # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
-        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax)
+        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax, meta_step_amax)
         ctx.transpose_weight = w_fp8_t is None
         ctx.weight_in_out = weight_in_out
         ctx.backward_format = backward_format
@@ -84,7 +90,7 @@ class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x_fp8_t, w_fp8_t, used_scale_inv = ctx.saved_tensors
-        meta_scale, meta_scale_inv, meta_amax = ctx.meta_buffers
+        meta_scale, meta_scale_inv, meta_amax, meta_step_amax = ctx.meta_buffers
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
@@ -94,6 +100,8 @@ class Fp8LinearFunction(torch.autograd.Function):
             g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD),
                                                    ctx.backward_format)
             g_scale_inv = _col(meta_scale_inv, GRAD).clone()
+            if meta_step_amax is not None:
+                fold_amax_(_col(meta_step_amax, GRAD), _col(meta_amax, GRAD))
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, _col(used_scale_inv, WEIGHT), None, ctx.x_dtype)
@@ -103,7 +111,12 @@ class Fp8LinearFunction(torch.autograd.Function):
             grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None
+
+
+def step_amax_to_fold(meta: Fp8Meta) -> torch.Tensor | None:
+    """meta.step_amax when this forward records gradients (a training step LossScaler will check), else None."""
+    return meta.step_amax if torch.is_grad_enabled() else None
 
 
 def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
@@ -140,8 +153,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn,
-                                  meta.lock(), fp8_weight, None, weight_in_out)
+    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
+                                  formats, grad_scale_fn, meta.lock(), fp8_weight, None, weight_in_out)
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

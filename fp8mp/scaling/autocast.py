@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 from typing import Iterator
 
 import torch
@@ -23,7 +24,8 @@ import torch
 from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import DelayedScaling, Format, Recipe
 
-__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "Fp8AutocastState"]
+__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "Fp8AutocastState",
+           "take_unchecked_modules"]
 
 
 @dataclasses.dataclass
@@ -52,6 +54,9 @@ class _ThreadContexts(threading.local):
 
     def __init__(self) -> None:
         self.stack: list[Fp8AutocastState] = []
+        # id(module) -> (weakref, fp8_group) of the fp8mp modules that ran in FP8 with grad enabled in
+        # this thread since the last take_unchecked_modules(): LossScaler checks their casts for Inf/NaN.
+        self.unchecked: dict[int, tuple[weakref.ref, object]] = {}
 
 
 _CONTEXTS = _ThreadContexts()
@@ -116,6 +121,18 @@ def get_fp8_group():
     return stack[-1].fp8_group if stack else None
 
 
+def take_unchecked_modules() -> list[tuple[torch.nn.Module, object]]:
+    """(module, fp8_group) of every fp8mp module that ran in FP8 with grad enabled (a training forward)
+    in this thread since the last call, and forgets them.
+
+    fp8mp.LossScaler calls it once per iteration to check what those modules' casts met
+    (`Fp8Meta.step_amax`, which a module's first such forward after a call resets).
+    """
+    unchecked, _CONTEXTS.unchecked = _CONTEXTS.unchecked, {}
+    return [(module, group) for module, group in ((ref(), group) for ref, group in unchecked.values())
+            if module is not None]
+
+
 def record_module(module: torch.nn.Module) -> bool:
     """Called by fp8mp modules' forward: every enclosing context learns the module ran.
 
@@ -127,4 +144,7 @@ def record_module(module: torch.nn.Module) -> bool:
     ran_before = bool(stack) and id(module) in stack[-1]._modules
     for state in stack:
         state._modules[id(module)] = module
+    if torch.is_grad_enabled() and id(module) not in _CONTEXTS.unchecked:
+        _CONTEXTS.unchecked[id(module)] = (weakref.ref(module), get_fp8_group())
+        module.fp8_meta.step_amax.zero_()  # a new step for LossScaler's check: earlier casts are not in it
     return ran_before

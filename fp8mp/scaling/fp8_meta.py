@@ -21,6 +21,11 @@ from fp8mp.ops.format import FP8_MAX
 _NO_LOCK = contextlib.nullcontext()
 
 
+def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
+    """step_amax <- max(step_amax, amax) in place, NaN-propagating: one kernel after a cast."""
+    torch.maximum(step_amax, amax, out=step_amax)
+
+
 class LinearTensor(enum.IntEnum):
     """Column of each FP8 tensor of a Linear in its Fp8Meta."""
 
@@ -64,7 +69,9 @@ class Fp8Meta(torch.nn.Module):
             amax_history_len, so a fresh module has the shapes a checkpoint of a trained one has.
         scale [T], scale_inv [T]: what the next casts use; scale_inv == 1 / scale.
         initialized [1] bool: a forward has set the scales from the data.
-    Not saved: fp8_max [T], the largest finite value of each tensor's format under the active recipe.
+    Not saved: fp8_max [T], the largest finite value of each tensor's format under the active recipe;
+        step_amax [T], max of every amax the casts that record gradients wrote since the last
+            `take_nonfinite()` (NaN if one met a NaN): what fp8mp.LossScaler checks once per step.
     """
 
     def __init__(self, num_tensors: int, backward_tensors: tuple[int, ...], device=None,
@@ -85,6 +92,7 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("initialized", torch.zeros(1, dtype=torch.bool, device=device))
         self._initialized = False
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
 
     # ------------------------------------------------------------ threads
     # Threads sharing a model must not interleave one module's scale update, the casts that use
@@ -190,6 +198,14 @@ class Fp8Meta(torch.nn.Module):
             self.scale_inv.fill_(1.0)
             self.initialized.fill_(False)
             self._initialized = False
+
+    def take_nonfinite(self) -> torch.Tensor:
+        """[T] bool, on this module's device: whether each tensor's casts met an Inf or NaN since the
+        last call (`step_amax`, which is then reset). No device->host sync."""
+        with self.lock():
+            flags = ~torch.isfinite(self.step_amax)
+            self.step_amax.zero_()
+        return flags
 
     def uses_current_scaling(self) -> bool:
         """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
