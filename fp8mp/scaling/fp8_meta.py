@@ -121,7 +121,7 @@ class Fp8Meta(torch.nn.Module):
         return self
 
     # ------------------------------------------------------------ checkpoints
-    _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max")
+    _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max", "step_amax")
     STATE_KEYS = ("amax", "amax_history", "scale", "scale_inv", "initialized")
 
     def is_initialized(self) -> bool:
