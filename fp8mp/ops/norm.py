@@ -25,7 +25,8 @@ from typing import Optional
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES, normalize_format
 
 __all__ = [
@@ -133,6 +134,7 @@ torch.library.register_autograd("fp8mp::rmsnorm_fwd", _rmsnorm_backward, setup_c
 # ---------------------------------------------------------------- wrappers
 
 
+@raising_value_errors
 def layer_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -158,6 +160,7 @@ def layer_norm(
     return torch.ops.fp8mp.layernorm_fwd(x, weight, bias, eps, zero_centered_gamma)[0]
 
 
+@raising_value_errors
 def layer_norm_fp8(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -178,6 +181,7 @@ def layer_norm_fp8(
     return torch.ops.fp8mp.layernorm_fwd_fp8(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt)
 
 
+@raising_value_errors
 def layer_norm_backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,
@@ -191,6 +195,7 @@ def layer_norm_backward(
     return torch.ops.fp8mp.layernorm_bwd(grad_out, x, mean, rstd, weight, zero_centered_gamma)
 
 
+@raising_value_errors
 def rms_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -206,6 +211,7 @@ def rms_norm(
     return torch.ops.fp8mp.rmsnorm_fwd(x, weight, eps, zero_centered_gamma)[0]
 
 
+@raising_value_errors
 def rms_norm_fp8(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -220,6 +226,7 @@ def rms_norm_fp8(
     return torch.ops.fp8mp.rmsnorm_fwd_fp8(x, weight, eps, zero_centered_gamma, scale, amax, fmt)
 
 
+@raising_value_errors
 def rms_norm_backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,
