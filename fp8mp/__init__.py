@@ -6,11 +6,12 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
     fp8mp.scaling   recipes, Fp8Meta, fp8_autocast, amax reduction across ranks
     fp8mp.nn        modules, their autograd functions, convert, LoRA, FP8 weights
     fp8mp.training  LossScaler, master weights, fallback, monitor, Trainer
+    fp8mp.integrations  Hugging Face transformers (fp8mp.integrations.hf: prepare, from_pretrained)
 """
 import sys as _sys
 
-from fp8mp import nn, ops, scaling, training
-from fp8mp.nn import convert, fp8_model_init, unconvert
+from fp8mp import integrations, nn, ops, scaling, training
+from fp8mp.nn import convert, fp8_model_init, load_state_dict, unconvert
 from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available,
                        cuda_kernels_status, fp8_gemm,
                        update_amax_history_and_scale)
@@ -44,6 +45,7 @@ __all__ = [
     "nn",
     "convert",
     "unconvert",
+    "load_state_dict",
     "amp",
     "LossScaler",
     "fp8_model_init",
@@ -54,5 +56,6 @@ __all__ = [
     "get_fp8_group",
     "Trainer",
     "TrainerConfig",
+    "integrations",
     "__version__",
 ]

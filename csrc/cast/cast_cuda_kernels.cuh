@@ -16,7 +16,7 @@ void cast_to_fp8(const void* x, HpType x_type, uint8_t* y, int64_t n, const floa
                  Fp8Format format, cudaStream_t stream);
 
 // Same for a row-major rows x cols x, also writing yt, the cols x rows transpose of y.
-// Throws std::invalid_argument when rows needs more than one launch's grid.
+// Any rows x cols: the tiles are walked grid-stride over a 1-D grid (transpose_tiling.h).
 void cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* yt, int64_t rows, int64_t cols,
                            const float* scale, float* amax, Fp8Format format, cudaStream_t stream);
 

@@ -4,7 +4,10 @@
 // against them give torch's bits:
 //   * on the host, in software: round to nearest even; NaN becomes 0x7FC0 (bf16)
 //     and sign|0x7E00 (fp16), as c10's software conversions produce;
-//   * in CUDA device code, with the CUDA intrinsics c10 uses there.
+//   * in CUDA device code, with the CUDA intrinsics c10 uses there, except for NaN:
+//     the cvt instructions return a canonical NaN (0x7FFF, sign and payload
+//     lost), so NaNs take the host's bits on the device too, and CPU and CUDA
+//     kernels write the same bits for every input.
 // HpType names the high-precision dtype of a buffer at run time, and
 // FP8MP_DISPATCH_HP turns it into a compile-time scalar_t. Standard library
 // (and, under nvcc, cuda_bf16.h / cuda_fp16.h) only.
@@ -39,7 +42,8 @@ struct alignas(2) bf16 {
  private:
   FP8MP_HOST_DEVICE static uint16_t from_float(float value) {
 #if defined(__CUDA_ARCH__)
-    return __bfloat16_as_ushort(__float2bfloat16(value));
+    const uint16_t converted = __bfloat16_as_ushort(__float2bfloat16(value));
+    return value != value ? uint16_t(0x7FC0u) : converted;
 #else
     const uint32_t u = float_to_bits(value);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
@@ -55,7 +59,10 @@ struct alignas(2) fp16 {
   FP8MP_HOST_DEVICE explicit fp16(float value) : bits(from_float(value)) {}
   FP8MP_HOST_DEVICE explicit operator float() const {
 #if defined(__CUDA_ARCH__)
-    return __half2float(__ushort_as_half(bits));
+    const float converted = __half2float(__ushort_as_half(bits));
+    const bool is_nan = (bits & 0x7C00u) == 0x7C00u && (bits & 0x3FFu) != 0;
+    return is_nan ? bits_to_float((uint32_t(bits & 0x8000u) << 16) | 0x7FC00000u | (uint32_t(bits & 0x3FFu) << 13))
+                  : converted;
 #else
     const uint32_t sign = uint32_t(bits & 0x8000u) << 16;
     const uint32_t exponent = (bits >> 10) & 0x1Fu;
@@ -75,7 +82,8 @@ struct alignas(2) fp16 {
   // the subnormal step is 1 and rounds it to an integer with the 2^23 trick.
   FP8MP_HOST_DEVICE static uint16_t from_float(float value) {
 #if defined(__CUDA_ARCH__)
-    return __half_as_ushort(__float2half(value));
+    const uint16_t converted = __half_as_ushort(__float2half(value));
+    return value != value ? uint16_t(((float_to_bits(value) >> 16) & 0x8000u) | 0x7E00u) : converted;
 #else
     constexpr uint32_t kInfBits = 0x7F800000u;
     constexpr uint32_t kMinNormalBits = uint32_t(127 - 14) << 23;  // 2^-14

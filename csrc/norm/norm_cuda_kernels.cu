@@ -21,6 +21,7 @@
 
 #include "common/cuda_check.cuh"
 #include "common/cuda_reduce.cuh"
+#include "common/nan_keeping_scale.h"
 
 namespace fp8mp::cuda {
 namespace {
@@ -100,7 +101,7 @@ __global__ void norm_fwd_kernel(const scalar_t* __restrict__ x, const float* __r
       if constexpr (kFp8) {
         const float v = static_cast<float>(rounded);
         local_amax = max_u32(local_amax, float_to_bits(v) & 0x7FFFFFFFu);
-        static_cast<uint8_t*>(out_raw)[row * hidden + i] = encode<F>(v * s);
+        static_cast<uint8_t*>(out_raw)[row * hidden + i] = encode<F>(scale_keep_nan(v, s));
       } else {
         static_cast<scalar_t*>(out_raw)[row * hidden + i] = rounded;
       }

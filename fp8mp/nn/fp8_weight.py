@@ -33,10 +33,12 @@ not training its weight: build the optimizer first, or use `.eval()` / `torch.no
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 import torch
 
+from fp8mp.nn.checkpoint import fp8_state_owner
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
 from fp8mp.ops.scale_update import compute_scale
@@ -46,24 +48,32 @@ __all__ = ["fp8_model_init", "is_fp8_model_init", "quantize_weight_", "decode_we
 WEIGHT_FORMAT = "e4m3"
 WEIGHT_DTYPE = torch.float8_e4m3fn
 
-_INIT_STACK: list[bool] = []
+class _ThreadInitContexts(threading.local):
+    """This thread's open fp8_model_init contexts (threading.local, like fp8_autocast's)."""
+
+    def __init__(self) -> None:
+        self.stack: list[bool] = []
+
+
+_INIT_CONTEXTS = _ThreadInitContexts()
 
 
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True) -> Iterator[None]:
-    """fp8mp modules created inside the block store their weights in FP8 (unless they say otherwise)."""
+    """fp8mp modules created inside the block, in this thread, store their weights in FP8 (unless they say otherwise)."""
     if not isinstance(enabled, bool):
         raise TypeError(f"fp8_model_init: argument 'enabled' must be a bool, got {type(enabled).__name__}")
-    _INIT_STACK.append(enabled)
+    _INIT_CONTEXTS.stack.append(enabled)
     try:
         yield
     finally:
-        _INIT_STACK.pop()
+        _INIT_CONTEXTS.stack.pop()
 
 
 def is_fp8_model_init() -> bool:
-    """True inside `fp8_model_init()` (the innermost context wins)."""
-    return bool(_INIT_STACK) and _INIT_STACK[-1]
+    """True inside `fp8_model_init()` in this thread (the innermost context wins)."""
+    stack = _INIT_CONTEXTS.stack
+    return bool(stack) and stack[-1]
 
 
 @torch.no_grad()
@@ -104,11 +114,11 @@ def decode_weight(weight_fp8: torch.Tensor, scale_inv: torch.Tensor, dtype: torc
 def state_dict_bytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and persistent buffers, each storage once.
 
-    Extra states (the FP8 scaling history of fp8mp modules) are not weights and are not counted.
+    The FP8 scaling state of fp8mp modules (amax history, scales) is not weights and is not counted.
     """
     seen, total = set(), 0
-    for tensor in module.state_dict(keep_vars=True).values():
-        if not isinstance(tensor, torch.Tensor):
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if not isinstance(tensor, torch.Tensor) or fp8_state_owner(key) is not None:
             continue
         key = (tensor.untyped_storage().data_ptr(), tensor.device)
         if key not in seen:

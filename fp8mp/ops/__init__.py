@@ -1,6 +1,7 @@
 """Layer 1, ops: the Python face of csrc (one module per op family: fake kernels, autograd
-registration, documented wrappers), FP8 format constants and argument checks. Imports only
-torch and fp8mp's native libraries (native.py loads them); every other layer builds on this one."""
+registration, documented wrappers), FP8 format constants and argument checks (checks.py: the
+C++ checks again, for the fake kernels). Imports only torch and fp8mp's native libraries
+(native.py loads them); every other layer builds on this one."""
 from fp8mp.ops import norm  # noqa: F401  (registers the norm ops' fake kernels and autograd)
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available
 from fp8mp.ops.gemm import fp8_gemm

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 
 __all__ = ["fp8_gemm"]
@@ -21,9 +22,7 @@ _OP = "fp8mp::fp8_gemm"
 
 @torch.library.register_fake(_OP)
 def _fp8_gemm_fake(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum=False):
-    torch._check(a.dim() == 2, lambda: f"{_OP}: argument 'a' must be 2-D [M, K], got {a.dim()}-D")
-    torch._check(b.dim() == 2, lambda: f"{_OP}: argument 'b' must be 2-D [N, K], got {b.dim()}-D")
-    torch._check(a.shape[1] == b.shape[1], lambda: f"{_OP}: argument 'b' must be [N, K] with K = a.size(1)")
+    checks.check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, bias, out_dtype)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 

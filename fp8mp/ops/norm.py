@@ -26,8 +26,9 @@ from typing import Optional
 import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
-from fp8mp.ops.format import FP8_DTYPES, normalize_format
+from fp8mp.ops.format import FP8_DTYPES
 
 __all__ = [
     "layer_norm",
@@ -58,31 +59,37 @@ def _param_grad_like(weight, x):
 
 @torch.library.register_fake("fp8mp::layernorm_fwd")
 def _layernorm_fwd_fake(x, weight, bias, eps, zero_centered_gamma):
+    checks.check_norm_fwd_args(x, weight, bias, eps, "fp8mp::layernorm_fwd")
     return _out_like(x), _stats_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::layernorm_fwd_fp8")
 def _layernorm_fwd_fp8_fake(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt):
-    return _out_like(x, FP8_DTYPES[normalize_format(fmt)]), _stats_like(x), _stats_like(x)
+    fmt = checks.check_norm_fwd_fp8_args(x, weight, bias, eps, scale, amax, fmt, "fp8mp::layernorm_fwd_fp8")
+    return _out_like(x, FP8_DTYPES[fmt]), _stats_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::layernorm_bwd")
 def _layernorm_bwd_fake(grad_out, x, mean, rstd, weight, zero_centered_gamma):
+    checks.check_norm_bwd_args(grad_out, x, mean, rstd, weight, "fp8mp::layernorm_bwd")
     return _out_like(x), _param_grad_like(weight, x), _param_grad_like(weight, x)
 
 
 @torch.library.register_fake("fp8mp::rmsnorm_fwd")
 def _rmsnorm_fwd_fake(x, weight, eps, zero_centered_gamma):
+    checks.check_norm_fwd_args(x, weight, None, eps, "fp8mp::rmsnorm_fwd")
     return _out_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::rmsnorm_fwd_fp8")
 def _rmsnorm_fwd_fp8_fake(x, weight, eps, zero_centered_gamma, scale, amax, fmt):
-    return _out_like(x, FP8_DTYPES[normalize_format(fmt)]), _stats_like(x)
+    fmt = checks.check_norm_fwd_fp8_args(x, weight, None, eps, scale, amax, fmt, "fp8mp::rmsnorm_fwd_fp8")
+    return _out_like(x, FP8_DTYPES[fmt]), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::rmsnorm_bwd")
 def _rmsnorm_bwd_fake(grad_out, x, rstd, weight, zero_centered_gamma):
+    checks.check_norm_bwd_args(grad_out, x, None, rstd, weight, "fp8mp::rmsnorm_bwd")
     return _out_like(x), _param_grad_like(weight, x)
 
 

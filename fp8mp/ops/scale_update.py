@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import fp8_max_of
 
@@ -17,7 +18,7 @@ __all__ = ["update_amax_history_and_scale", "compute_scale", "fp8_max_of"]
 @torch.library.register_fake("fp8mp::update_amax_history_and_scale")
 def _update_amax_history_and_scale_fake(amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo):
     # Only mutates its (a!)/(b!)/(c!) arguments, which the schema declares.
-    return None
+    checks.check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo)
 
 
 @raising_value_errors

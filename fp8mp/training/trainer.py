@@ -96,12 +96,25 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        nonfinite = self._log_nonfinite_fp8_casts()
         if self.fallback is not None:
-            self.fallback.step(self.model)
+            self.fallback.step(self.model, nonfinite_layers=nonfinite if self.scaler.is_enabled() else None)
         if self.monitor is not None:
             self.monitor.record_step()
         self.step += 1
         return loss.item()
+
+    def _log_nonfinite_fp8_casts(self) -> list[str]:
+        """Log (WARNING, "fp8mp" logger) the layers whose FP8 casts met an Inf/NaN in the step just skipped;
+        returns their names."""
+        found = self.scaler.nonfinite_fp8_casts
+        if not found:
+            return []
+        names = {id(module): name or "<root>" for name, module in self.model.named_modules()}
+        layers = [(names.get(id(cast.module), type(cast.module).__name__), cast.tensors) for cast in found]
+        logger.warning("fp8mp.Trainer: step %d skipped: FP8 casts met Inf/NaN in %s", self.step,
+                       ", ".join(f"'{name}' ({', '.join(tensors)})" for name, tensors in layers))
+        return [name for name, _ in layers]
 
     def fit(self, batches: Iterable, loss_fn: LossFn, steps: int | None = None) -> list[float]:
         """`train_step` on each batch (the first `steps` of them when given); returns the losses.
