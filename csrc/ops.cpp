@@ -1,11 +1,11 @@
 // The one schema file: every fp8mp op is declared here, once. Device
 // implementations live in each family's folder: torch-free kernels in
 // <family>_cpu_kernels.cpp / _cuda_kernels.cu, their torch glue (checks, allocation,
-// TORCH_LIBRARY_IMPL) in <family>_cpu.cpp / _cuda.cpp; fake (meta) kernels and autograd in Python, in the
+// STABLE_TORCH_LIBRARY_IMPL) in <family>_cpu.cpp / _cuda.cpp; fake (meta) kernels and autograd in Python, in the
 // family's module of fp8mp/ops/ (cast.py, gemm.py, norm.py, scale_update.py).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
-TORCH_LIBRARY(fp8mp, m) {
+STABLE_TORCH_LIBRARY(fp8mp, m) {
   // y = saturate(round_nearest_even(x * scale)) in fmt; amax[0] = max|x| (NaN if x has a NaN).
   m.def("cast_to_fp8(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> Tensor");
   // Same, for a 2-D x, also returning the FP8 transpose (contiguous) from the same read of x.

@@ -1,58 +1,53 @@
-// CPU glue of the cast ops: argument checks, allocation and registration around
-// the torch-free kernels of cast_cpu_kernels.cpp.
-#include <ATen/ATen.h>
-#include <torch/library.h>
+// CPU glue of the cast ops (stable ABI): argument checks, allocation and
+// registration around the torch-free kernels of cast_cpu_kernels.cpp.
+#include <tuple>
 
 #include "cast/cast_checks.h"
 #include "cast/cast_cpu_kernels.h"
-#include "common/torch_glue.h"
+#include "common/stable.h"
 
 namespace fp8mp {
 namespace {
 
-at::Tensor cast_to_fp8_cpu(const at::Tensor& x, const at::Tensor& scale, at::Tensor& amax, c10::string_view fmt) {
+Tensor cast_to_fp8_cpu(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
   const Fp8Format format = check_cast_to_fp8_args(x, scale, amax, fmt, "fp8mp::cast_to_fp8");
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty(x.sizes(), x.options().dtype(fp8_dtype(format)));
-  const float amax_value = cpu::cast_to_fp8(xc.const_data_ptr(), hp_type(x.scalar_type()),
-                                            reinterpret_cast<uint8_t*>(y.data_ptr()), xc.numel(), scale.item<float>(),
-                                            format, torch_parallel_for);
-  amax.fill_(amax_value);
+  const Tensor xc = as_contiguous(x);
+  Tensor y = empty_on(sizes_of(x), fp8_dtype(format), x);
+  *static_cast<float*>(amax.mutable_data_ptr()) =
+      cpu::cast_to_fp8(xc.const_data_ptr(), hp_type(x.scalar_type()), static_cast<uint8_t*>(y.mutable_data_ptr()),
+                       xc.numel(), cpu_scalar(scale), format, stable_parallel_for);
   return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> cast_to_fp8_transpose_cpu(const at::Tensor& x, const at::Tensor& scale,
-                                                             at::Tensor& amax, c10::string_view fmt) {
+std::tuple<Tensor, Tensor> cast_to_fp8_transpose_cpu(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
   constexpr const char* op = "fp8mp::cast_to_fp8_transpose";
   const Fp8Format format = check_cast_to_fp8_args(x, scale, amax, fmt, op);
-  TORCH_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", x.sizes());
-  const at::Tensor xc = x.contiguous();
+  FP8MP_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", shape_str(x));
+  const Tensor xc = as_contiguous(x);
   const int64_t rows = x.size(0), cols = x.size(1);
-  const auto fp8_options = x.options().dtype(fp8_dtype(format));
-  at::Tensor y = at::empty({rows, cols}, fp8_options);
-  at::Tensor yt = at::empty({cols, rows}, fp8_options);
-  const float amax_value = cpu::cast_to_fp8_transpose(
-      xc.const_data_ptr(), hp_type(x.scalar_type()), reinterpret_cast<uint8_t*>(y.data_ptr()),
-      reinterpret_cast<uint8_t*>(yt.data_ptr()), rows, cols, scale.item<float>(), format, torch_parallel_for);
-  amax.fill_(amax_value);
+  Tensor y = empty_on({rows, cols}, fp8_dtype(format), x);
+  Tensor yt = empty_on({cols, rows}, fp8_dtype(format), x);
+  *static_cast<float*>(amax.mutable_data_ptr()) = cpu::cast_to_fp8_transpose(
+      xc.const_data_ptr(), hp_type(x.scalar_type()), static_cast<uint8_t*>(y.mutable_data_ptr()),
+      static_cast<uint8_t*>(yt.mutable_data_ptr()), rows, cols, cpu_scalar(scale), format, stable_parallel_for);
   return {y, yt};
 }
 
-at::Tensor cast_from_fp8_cpu(const at::Tensor& y, const at::Tensor& scale_inv, at::ScalarType out_dtype) {
+Tensor cast_from_fp8_cpu(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
   const Fp8Format format = check_cast_from_fp8_args(y, scale_inv, out_dtype);
-  const at::Tensor yc = y.contiguous();
-  at::Tensor out = at::empty(y.sizes(), y.options().dtype(out_dtype));
-  cpu::cast_from_fp8(reinterpret_cast<const uint8_t*>(yc.const_data_ptr()), format, out.mutable_data_ptr(),
-                     hp_type(out_dtype), yc.numel(), scale_inv.item<float>(), torch_parallel_for);
+  const Tensor yc = as_contiguous(y);
+  Tensor out = empty_on(sizes_of(y), out_dtype, y);
+  cpu::cast_from_fp8(static_cast<const uint8_t*>(yc.const_data_ptr()), format, out.mutable_data_ptr(),
+                     hp_type(out_dtype), yc.numel(), cpu_scalar(scale_inv), stable_parallel_for);
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fp8mp, CPU, m) {
-  m.impl("cast_to_fp8", &cast_to_fp8_cpu);
-  m.impl("cast_to_fp8_transpose", &cast_to_fp8_transpose_cpu);
-  m.impl("cast_from_fp8", &cast_from_fp8_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fp8mp, CPU, m) {
+  m.impl("cast_to_fp8", TORCH_BOX(&cast_to_fp8_cpu));
+  m.impl("cast_to_fp8_transpose", TORCH_BOX(&cast_to_fp8_transpose_cpu));
+  m.impl("cast_from_fp8", TORCH_BOX(&cast_from_fp8_cpu));
 }
 
 }  // namespace fp8mp

@@ -1,48 +1,42 @@
-// CUDA glue of fp8_gemm: argument checks, device guard, the output and scratch
-// allocations (torch's caching allocator, on the stream the GEMM runs on), the
-// cuBLASLt handle, and registration around gemm_cuda_kernels.cu.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
+// CUDA glue of fp8_gemm (stable ABI): argument checks, device guard, the output
+// and scratch allocations (torch's caching allocator, on the stream the GEMM
+// runs on) and registration around gemm_cuda_kernels.cu.
 #include <optional>
 
-#include "common/torch_glue.h"
+#include "common/stable_cuda.h"
 #include "gemm/gemm_checks.h"
 #include "gemm/gemm_cuda_kernels.cuh"
 
 namespace fp8mp {
 namespace {
 
-at::Tensor fp8_gemm_cuda(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-                         const at::Tensor& b_scale_inv, const std::optional<at::Tensor>& bias,
-                         at::ScalarType out_dtype, bool use_fast_accum) {
+Tensor fp8_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, std::optional<Tensor> bias,
+                     ScalarType out_dtype, bool use_fast_accum) {
   const GemmFormats formats = check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, bias, out_dtype);
-  const c10::cuda::CUDAGuard guard(a.device());
-  const at::Tensor ac = a.contiguous(), bc = b.contiguous();
-  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
-  const cuda::Fp8GemmArgs args{reinterpret_cast<const uint8_t*>(ac.const_data_ptr()),
+  const auto guard = guard_device_of(a);
+  const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
+  const std::optional<Tensor> bias_c = bias.has_value() ? std::optional<Tensor>(as_contiguous(*bias)) : std::nullopt;
+  Tensor out = empty_on({a.size(0), b.size(0)}, out_dtype, a);
+  const cuda::Fp8GemmArgs args{static_cast<const uint8_t*>(ac.const_data_ptr()),
                                formats.a,
-                               reinterpret_cast<const uint8_t*>(bc.const_data_ptr()),
+                               static_cast<const uint8_t*>(bc.const_data_ptr()),
                                formats.b,
                                a.size(0),
                                b.size(0),
                                a.size(1),
-                               a_scale_inv.const_data_ptr<float>(),
-                               b_scale_inv.const_data_ptr<float>(),
-                               bias_c.defined() ? bias_c.const_data_ptr() : nullptr,
+                               static_cast<const float*>(a_scale_inv.const_data_ptr()),
+                               static_cast<const float*>(b_scale_inv.const_data_ptr()),
+                               bias_c.has_value() ? bias_c->const_data_ptr() : nullptr,
                                out.mutable_data_ptr(),
                                hp_type(out_dtype),
                                use_fast_accum};
-  const at::Tensor scratch = at::empty({int64_t(cuda::fp8_gemm_scratch_bytes(args))}, a.options().dtype(at::kByte));
-  cuda::fp8_gemm(at::cuda::getCurrentCUDABlasLtHandle(), args, scratch.data_ptr(), at::cuda::getCurrentCUDAStream());
+  Tensor scratch = empty_on({int64_t(cuda::fp8_gemm_scratch_bytes(args))}, kByte, a);
+  cuda::fp8_gemm(cuda::blaslt_handle_for_current_device(), args, scratch.mutable_data_ptr(), current_cuda_stream(a));
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { m.impl("fp8_gemm", &fp8_gemm_cuda); }
+STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm_cuda)); }
 
 }  // namespace fp8mp

@@ -21,6 +21,8 @@
 #include "gemm/gemm_cuda_kernels.cuh"
 
 #include <algorithm>
+#include <array>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -161,6 +163,18 @@ void check_fp8_capable_device() {
 }
 
 }  // namespace
+
+cublasLtHandle_t blaslt_handle_for_current_device() {
+  constexpr int kMaxDevices = 64;
+  static std::array<cublasLtHandle_t, kMaxDevices> handles{};
+  static std::mutex mutex;
+  int device = 0;
+  FP8MP_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) throw std::runtime_error(std::string(kOp) + ": device index too large for fp8mp");
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (handles[device] == nullptr) FP8MP_CUBLASLT_CHECK(cublasLtCreate(&handles[device]));
+  return handles[device];
+}
 
 size_t fp8_gemm_scratch_bytes(const Fp8GemmArgs& args) {
   if (args.M == 0 || args.N == 0 || args.K == 0) return 0;

@@ -33,6 +33,11 @@ struct Fp8GemmArgs {
 // Bytes of device scratch fp8_gemm needs for `args`: the cuBLASLt workspace and padded copies.
 size_t fp8_gemm_scratch_bytes(const Fp8GemmArgs& args);
 
+// fp8mp's own cuBLASLt handle for the current device, created on first use and kept for the
+// process (the stable ABI does not reach torch's). A cuBLASLt handle holds no stream or
+// workspace, so one per device serves every stream and thread.
+cublasLtHandle_t blaslt_handle_for_current_device();
+
 // Throws std::runtime_error naming the failed call (or a GPU older than compute capability 8.9).
 void fp8_gemm(cublasLtHandle_t handle, const Fp8GemmArgs& args, void* scratch, cudaStream_t stream);
 

@@ -7,8 +7,10 @@ fake one, even if the other arguments are CPU tensors). Every `register_fake` in
 calling the check of its op here, so a call refused eagerly is refused the same way under
 FakeTensor and torch.compile (tests/ops/test_fake_checks.py compares the messages).
 
-Messages print dtypes, shapes and devices as c10 does (Float, [2, 3], cuda:0). RuntimeError is
-TORCH_CHECK, ValueError TORCH_CHECK_VALUE.
+Messages print dtypes, shapes and devices as c10 does (Float, [2, 3], cuda:0). The errors are the
+C++ ones (csrc/common/stable.h): RuntimeError for FP8MP_CHECK, and for FP8MP_CHECK_VALUE a
+RuntimeError whose message starts with the ValueError tag, which the wrappers of fp8mp.ops turn
+into ValueError (errors.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import warnings
 
 import torch
 
+from fp8mp.ops.errors import VALUE_ERROR_TAG
 from fp8mp.ops.format import FP8_DTYPES, HIGH_PRECISION_DTYPES
 
 __all__ = [
@@ -47,11 +50,9 @@ def sizes(t: torch.Tensor) -> str:
 
 
 def _require(condition, error: type, message) -> None:
-    """torch._check* (which also take the symbolic conditions of dynamic shapes) raising `error`."""
-    if error is ValueError:
-        torch._check_value(condition, lambda: message)
-    else:
-        torch._check(condition, lambda: message)
+    """torch._check (which also takes the symbolic conditions of dynamic shapes); `error` ValueError
+    tags the message as the C++ FP8MP_CHECK_VALUE does."""
+    torch._check(condition, lambda: VALUE_ERROR_TAG + message if error is ValueError else message)
 
 
 # ------------------------------------------------------------------------ shared (common/op_checks.cpp)

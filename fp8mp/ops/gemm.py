@@ -11,8 +11,9 @@ from typing import Optional
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
 
 __all__ = ["fp8_gemm"]
 
@@ -25,6 +26,7 @@ def _fp8_gemm_fake(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_acc
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
+@raising_value_errors
 def fp8_gemm(
     a: torch.Tensor,
     a_scale_inv: torch.Tensor,

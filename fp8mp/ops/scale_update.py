@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import fp8_max_of
 
 __all__ = ["update_amax_history_and_scale", "compute_scale", "fp8_max_of"]
@@ -20,6 +21,7 @@ def _update_amax_history_and_scale_fake(amax, amax_history, scale, scale_inv, fp
     checks.check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo)
 
 
+@raising_value_errors
 def update_amax_history_and_scale(
     amax: torch.Tensor,
     amax_history: torch.Tensor,
