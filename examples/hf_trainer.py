@@ -77,7 +77,7 @@ def run(family: str, precision: str, seed: int, steps: int, out: str, eval_size:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["gpt2", "llama", "both"], default="both")
-    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     cli = parser.parse_args()
     families = ["gpt2", "llama"] if cli.model == "both" else [cli.model]

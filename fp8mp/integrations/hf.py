@@ -76,8 +76,8 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
 
     Args:
         model: a transformers model (or any torch module).
-        recipe: None for DelayedScaling() (pinned on every converted module, so checkpoint shapes
-            exist before loading), or a DelayedScaling/CurrentScaling.
+        recipe: a DelayedScaling or CurrentScaling pinned on every converted module (its history has
+            the recipe's length before any load, as DCP needs); None: fp8_autocast's DelayedScaling().
         keep_high_precision: module-name prefixes left as they are; None keeps the output
             embedding (`model.get_output_embeddings()`, lm_head), whose logits feed the loss directly.
         convert_norms: also swap torch's LayerNorm/RMSNorm (not transformers' own RMSNorm classes).
