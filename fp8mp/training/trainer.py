@@ -40,6 +40,7 @@ logger = logging.getLogger("fp8mp")
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 _STATE_KEYS = ("model", "optimizer", "scaler", "step")
+_FP8_STATE = "fp8_meta."  # in the state_dict key of every FP8 scaling buffer or extra state
 
 
 def name_under(name: str, prefix: str) -> bool:
@@ -205,12 +206,19 @@ class Trainer:
             raise TypeError("Trainer.fit: distributed checkpoints need a torch.optim.Optimizer, got "
                             f"{type(self.optimizer).__name__}")
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        # FP8 scaling state is per rank and changes shape with the recipe (the amax history): it goes into
+        # each rank's own file (see _save_checkpoint), not through torch.distributed.checkpoint.
+        model_state = {key: value for key, value in model_state.items() if _FP8_STATE not in key}
         return {"model": model_state, "optimizer": optimizer_state}
 
     def _save_checkpoint(self, run: "_Run") -> None:
         sharded = self._sharded_state()
         state = self.state_dict()
         if sharded is not None:
+            # FP8 scaling state is per rank (without an fp8_group each rank scales from its own shard): each
+            # rank keeps its own in its file.
+            state["fp8_state"] = {name: m.fp8_meta.state_dict() for name, m in self.model.named_modules()
+                                  if hasattr(m, "fp8_meta")}
             del state["model"], state["optimizer"]
         else:
             sharded = {"model": state.pop("model"), "optimizer": state.pop("optimizer")}
@@ -223,9 +231,17 @@ class Trainer:
         if "sharded" in state:  # one process: everything came in one file
             self.load_state_dict({**state, **state["sharded"]})
             return
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"])
+        missing, unexpected = set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
+                                             optim_state_dict=sharded["optimizer"], options=StateDictOptions(strict=False))
+        missing = [key for key in missing if _FP8_STATE not in key]
+        if missing or unexpected:
+            raise RuntimeError(f"Trainer.fit: the checkpoint does not fit the model: missing {missing}, "
+                               f"unexpected {list(unexpected)}")
+        modules = dict(self.model.named_modules())
+        for name, fp8_state in state["fp8_state"].items():
+            modules[name].fp8_meta.load_state_dict(fp8_state)
         self._load_loop_state(state)
 
     def evaluate(self, batches: Iterable, loss_fn: LossFn) -> float:

@@ -4,7 +4,9 @@ tests/training/kill_worker.py runs Trainer.fit with kill-safe checkpoints; here 
 (4 of them inside a checkpoint save, the others at a random instant 1 to 4 steps after it resumed),
 restarted each time, and finally let finish. Its losses and final model, optimizer and loss-scaler state must be
 bit-identical to an uninterrupted run. Then the folder-level guarantees: a truncated or corrupted
-newest checkpoint is skipped with a log line, leftovers of killed saves are ignored and pruned.
+newest checkpoint is skipped with a log line, leftovers of killed saves are ignored and pruned. Last,
+the same under `torchrun --max-restarts` on 2 gloo ranks through torch.distributed.checkpoint
+(tests/training/dcp_worker.py): a rank killed in a step, then one killed in a save.
 """
 from __future__ import annotations
 
@@ -144,3 +146,37 @@ def test_fit_refuses_a_folder_of_another_run_without_resume(tmp_path):
     batches = [(torch.randn(4, 16), torch.randn(4, 16))]
     with pytest.raises(ValueError, match="holds checkpoints of an earlier run; pass resume=True"):
         trainer.fit(batches, lambda m, b: (m(b[0]) - b[1]).square().mean(), checkpoint_dir=tmp_path, resume=False)
+
+
+# ----------------------------------------------------------------------------- torchrun, 2 ranks
+DCP_WORKER = os.path.join(os.path.dirname(WORKER), "dcp_worker.py")
+
+
+def torchrun(tmp_path, name: str, max_restarts: int) -> tuple[list[dict], str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = tmp_path / f"{name}-results"
+    results.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", str(max_restarts),
+           "--monitor-interval", "0.5", "--master_addr", "127.0.0.1", "--master_port", str(port), DCP_WORKER,
+           str(tmp_path / f"{name}-checkpoints"), str(results), name]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [torch.load(results / f"rank-{rank}.pt", weights_only=True) for rank in range(2)], proc.stderr
+
+
+@pytest.mark.slow  # two torchrun launches, the second with two restarts
+def test_torchrun_restarts_resume_through_distributed_checkpoint_bit_identical(tmp_path):
+    clean, _ = torchrun(tmp_path, "clean", max_restarts=0)
+    killed, log = torchrun(tmp_path, "kill", max_restarts=3)
+    assert log.count("(exitcode: -9)") == 2  # rank 1 in a step, then rank 0 in a save
+    for rank in range(2):
+        assert 0 < killed[rank]["steps_run"] < 24  # the last attempt resumed
+        assert killed[rank]["losses"] == clean[rank]["losses"]
+        for part in ("model", "optimizer"):
+            flat_a, flat_b = flatten(killed[rank][part]), flatten(clean[rank][part])
+            assert flat_a.keys() == flat_b.keys()
+            assert all(equal(flat_a[key], flat_b[key]) for key in flat_a), (rank, part)
