@@ -136,11 +136,11 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def precision_context(precision: Precision, recipe: DelayedScaling):
+def precision_context(precision: Precision, recipe: DelayedScaling, device_type: str = "cpu"):
     """torch.autocast (if any) around fp8mp.fp8_autocast; yields the fp8_autocast state."""
     stack = contextlib.ExitStack()
     if precision.autocast_dtype is not None:
-        stack.enter_context(torch.autocast("cpu", dtype=precision.autocast_dtype))
+        stack.enter_context(torch.autocast(device_type, dtype=precision.autocast_dtype))
     state = stack.enter_context(fp8mp.fp8_autocast(enabled=precision.fp8, fp8_recipe=recipe))
     return stack, state
 
@@ -163,9 +163,9 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Pre
     return sum(losses) / len(losses)
 
 
-def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float) -> tuple[float, int]:
+def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float, device_type: str = "cpu") -> tuple[float, int]:
     """One forward/backward/clip/update; returns (loss, number of modules that ran in FP8)."""
-    stack, state = precision_context(precision, recipe)
+    stack, state = precision_context(precision, recipe, device_type)
     with stack:
         _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)

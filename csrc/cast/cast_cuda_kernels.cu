@@ -93,6 +93,7 @@ struct TransposeShape {
   static constexpr int kSegments = kTransposeTile / kOutBytes;   // threads per tile column
   static_assert(kTransposeTile * kVecsPerRow % kThreads == 0, "loads divide among the threads");
   static_assert(kTransposeTile * kSegments == kThreads, "one yt store per thread per tile");
+  static_assert(kVec % 4 == 0, "codes are staged in shared memory as 4-byte words");
 };
 
 template <Fp8Format F, typename scalar_t>
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
                           uint32_t* __restrict__ amax_bits, bool vector_ok) {
   using Shape = TransposeShape<scalar_t>;
   constexpr int kVec = Shape::kVec;
-  __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 4];  // +4: column reads hit 2 banks, not 1
+  __shared__ alignas(16) uint8_t tile[kTransposeTile][kTransposeTile + 4];  // +4: column reads hit 2 banks, not 1
   const TransposeTiling tiling(rows, cols);
   const float s = *scale;
   uint32_t local = 0;
@@ -134,7 +135,10 @@ __global__ void __launch_bounds__(kThreads)
         const float v = static_cast<float>(in[j].v[k]);
         local = max_u32(local, float_to_bits(v) & 0x7FFFFFFFu);  // padding zeros add nothing
         out.v[k] = encode<F>(scale_keep_nan(v, s));
-        tile[r][c + k] = out.v[k];
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; k += 4) {  // staged as 4-byte words: rows are 68 bytes, c and k multiples of 4
+        *reinterpret_cast<uint32_t*>(&tile[r][c + k]) = *reinterpret_cast<const uint32_t*>(&out.v[k]);
       }
       uint8_t* dst = y + (r0 + r) * cols + c0 + c;
       if (full) {

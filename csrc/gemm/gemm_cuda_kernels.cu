@@ -15,9 +15,17 @@
 // ours, so an fp32 bias is added after the GEMM instead (same fp32 arithmetic).
 //
 // FP8 cuBLASLt needs the leading dimensions K (of a and b) and N (of out) to be
-// multiples of 16. Other shapes are zero-padded: extra K columns of zero codes
-// add exact zeros to every dot product, and extra rows of b (N) produce output
-// columns that are sliced off. So every shape works; aligned shapes pay nothing.
+// multiples of 16 and 16-byte aligned operands. Other shapes are zero-padded:
+// extra K columns of zero codes add exact zeros to every dot product, and extra
+// rows of b (N) produce output columns that are dropped. Each padded operand is
+// written once, by one kernel (values and zeros together); a padded output
+// costs one strided copy back. So every shape works; aligned shapes pay nothing.
+//
+// cuBLASLt is told the real alignment of every operand
+// (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES; it otherwise assumes 256 bytes
+// and may pick a kernel that faults on a 16-byte-aligned view), and the
+// descriptor, layouts and chosen algorithm are cached per configuration
+// (gemm_plan_cache.h).
 #include "gemm/gemm_cuda_kernels.cuh"
 
 #include <algorithm>
@@ -27,8 +35,10 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 
 #include "common/cuda_check.cuh"
+#include "gemm/gemm_plan_cache.h"
 
 namespace fp8mp::cuda {
 namespace {
@@ -46,20 +56,6 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;       // what cuBLASLt's Ho
                                "): " + cublasLtGetStatusString(fp8mp_status_));                                 \
     }                                                                                                           \
   } while (0)
-
-// Owning wrappers, so that a failed check does not leak cuBLASLt descriptors.
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDesc_t d) const { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayout_t d) const { cublasLtMatrixLayoutDestroy(d); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreference_t d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDeleter>;
-using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDeleter>;
-using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
 
 template <typename V>
 void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V& value) {
@@ -121,12 +117,19 @@ Plan plan(const Fp8GemmArgs& g) {
   return p;
 }
 
-// dst [rows, dst_cols] (bytes) = src [rows, src_cols] in its top-left corner, zeros elsewhere.
-void copy_padded(const void* src, int64_t rows, int64_t src_cols, void* dst, int64_t dst_cols, cudaStream_t stream) {
-  if (dst_cols != src_cols) FP8MP_CUDA_CHECK(cudaMemsetAsync(dst, 0, size_t(rows * dst_cols), stream));
-  if (rows == 0 || src_cols == 0) return;
-  FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_cols), src, size_t(src_cols), size_t(src_cols), size_t(rows),
-                                     cudaMemcpyDeviceToDevice, stream));
+// dst [dst_rows, dst_cols] (bytes, dst 16-byte aligned, dst_cols % 16 == 0) = src [rows, cols]
+// in its top-left corner, zeros elsewhere: every byte of dst written once, 16 at a time.
+__global__ void pad_bytes_kernel(const uint8_t* __restrict__ src, int64_t rows, int64_t cols,
+                                 uint8_t* __restrict__ dst, int64_t dst_rows, int64_t dst_cols) {
+  const int64_t chunks_per_row = dst_cols / 16;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < dst_rows * chunks_per_row; i += stride) {
+    const int64_t r = i / chunks_per_row, c0 = (i % chunks_per_row) * 16;
+    alignas(16) uint8_t chunk[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) chunk[k] = (r < rows && c0 + k < cols) ? src[r * cols + c0 + k] : uint8_t(0);
+    *reinterpret_cast<uint4*>(dst + r * dst_cols + c0) = *reinterpret_cast<const uint4*>(chunk);
+  }
 }
 
 // out[m, n] += bias[n] in fp32 (the bias of an fp32 output).
@@ -151,6 +154,13 @@ unsigned blocks_for(int64_t items) {
   return unsigned(std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads, max_blocks)));
 }
 
+void pad_bytes(const void* src, int64_t rows, int64_t cols, void* dst, int64_t dst_rows, int64_t dst_cols,
+               cudaStream_t stream) {
+  pad_bytes_kernel<<<blocks_for(dst_rows * (dst_cols / 16)), kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(src), rows, cols, static_cast<uint8_t*>(dst), dst_rows, dst_cols);
+  FP8MP_CUDA_LAUNCH_CHECK();
+}
+
 void check_fp8_capable_device() {
   int device = 0, major = 0, minor = 0;
   FP8MP_CUDA_CHECK(cudaGetDevice(&device));
@@ -160,6 +170,79 @@ void check_fp8_capable_device() {
     throw std::runtime_error(std::string(kOp) + ": FP8 GEMM needs a GPU of compute capability 8.9 or newer, cuda:" +
                              std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor));
   }
+}
+
+// The pointers of one call that live on the descriptor rather than in the key.
+struct CallPointers {
+  const float* a_scale_inv;
+  const float* b_scale_inv;
+  const void* bias;  // the epilogue's, or nullptr
+};
+
+void set_call_pointers(cublasLtMatmulDesc_t desc, const CallPointers& ptrs) {
+  set_attribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ptrs.b_scale_inv));  // A is b
+  set_attribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(ptrs.a_scale_inv));
+  if (ptrs.bias != nullptr) set_attribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptrs.bias);
+}
+
+// Descriptor, layouts and heuristic for `key`, built on first use by this thread
+// (with the first call's pointers set, as the heuristic query sees them).
+GemmPlan build_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallPointers& ptrs) {
+  GemmPlan plan_{};
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  plan_.desc = MatmulDesc(raw_desc);
+  cublasLtMatmulDesc_t desc = plan_.desc.get();
+  set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t(CUBLAS_OP_T));
+  set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t(CUBLAS_OP_N));
+  set_attribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(key.fast_accum ? 1 : 0));
+  set_call_pointers(desc, ptrs);
+  if (key.epilogue_bias) {
+    set_attribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, cublasLtEpilogue_t(CUBLASLT_EPILOGUE_BIAS));
+    set_attribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(key.out_type));
+  }
+  // Column-major view: A = b (K x N_pad), B = a (K x M), C = D = out^T (N_pad x M).
+  plan_.a_layout = make_layout(cudaDataType_t(key.b_type), key.K_pad, key.N_pad, key.K_pad);
+  plan_.b_layout = make_layout(cudaDataType_t(key.a_type), key.K_pad, key.M, key.K_pad);
+  plan_.d_layout = make_layout(cudaDataType_t(key.out_type), key.N_pad, key.M, key.N_pad);
+
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+  const Preference pref(raw_pref);
+  const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
+    FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);  // cuBLASLt's A is our b
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out);
+
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int returned = 0;
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(),
+                                                      plan_.d_layout.get(), plan_.d_layout.get(), pref.get(), 1,
+                                                      &heuristic, &returned));
+  if (returned == 0) {
+    throw std::runtime_error(std::string(kOp) + ": cuBLASLt found no algorithm for an FP8 GEMM with M=" +
+                             std::to_string(key.M) + ", padded K=" + std::to_string(key.K_pad) + ", N=" +
+                             std::to_string(key.N_pad) + ", bias epilogue " + std::to_string(key.epilogue_bias) +
+                             ", operand alignments " + std::to_string(key.align_a) + "/" +
+                             std::to_string(key.align_b) + "/" + std::to_string(key.align_out) + " bytes");
+  }
+  plan_.algo = heuristic.algo;
+  return plan_;
+}
+
+constexpr size_t kMaxCachedPlans = 1024;  // distinct GEMM shapes per thread before the cache starts over
+
+GemmPlan& cached_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallPointers& ptrs) {
+  thread_local std::unordered_map<GemmPlanKey, GemmPlan, GemmPlanKeyHash> cache;
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  GemmPlan built = build_plan(handle, key, ptrs);  // may throw: nothing is cached then
+  if (cache.size() >= kMaxCachedPlans) cache.clear();
+  return cache.emplace(key, std::move(built)).first->second;
 }
 
 }  // namespace
@@ -199,71 +282,48 @@ void fp8_gemm(cublasLtHandle_t handle, const Fp8GemmArgs& g, void* scratch, cuda
   check_fp8_capable_device();
   const Plan p = plan(g);
   uint8_t* base = static_cast<uint8_t*>(scratch);
+  const size_t esize = element_size(g.out_type);
   const void* a_p = g.a;
   if (p.copy_a) {
-    copy_padded(g.a, M, K, base + p.a_offset, p.K_pad, stream);
+    pad_bytes(g.a, M, K, base + p.a_offset, M, p.K_pad, stream);
     a_p = base + p.a_offset;
   }
   const void* b_p = g.b;
   if (p.copy_b) {
-    FP8MP_CUDA_CHECK(cudaMemsetAsync(base + p.b_offset, 0, size_t(p.N_pad * p.K_pad), stream));
-    copy_padded(g.b, N, K, base + p.b_offset, p.K_pad, stream);
+    pad_bytes(g.b, N, K, base + p.b_offset, p.N_pad, p.K_pad, stream);
     b_p = base + p.b_offset;
   }
   void* out_p = p.copy_out ? base + p.out_offset : g.out;
   const void* bias_p = g.bias;
   if (p.copy_bias) {
-    const size_t esize = element_size(g.out_type);
-    FP8MP_CUDA_CHECK(cudaMemsetAsync(base + p.bias_offset, 0, size_t(p.N_pad) * esize, stream));
-    FP8MP_CUDA_CHECK(cudaMemcpyAsync(base + p.bias_offset, g.bias, size_t(N) * esize, cudaMemcpyDeviceToDevice, stream));
+    pad_bytes(g.bias, 1, N * int64_t(esize), base + p.bias_offset, 1, round_up(p.N_pad * int64_t(esize), 16), stream);
     bias_p = base + p.bias_offset;
   }
-  const cudaDataType_t out_type = cuda_type(g.out_type);
 
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const MatmulDesc desc(raw_desc);
-  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t(CUBLAS_OP_T));
-  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t(CUBLAS_OP_N));
-  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.b_scale_inv));
-  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.a_scale_inv));
-  set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(g.use_fast_accum ? 1 : 0));
-  if (p.epilogue_bias) {
-    set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, cublasLtEpilogue_t(CUBLASLT_EPILOGUE_BIAS));
-    set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_p);
-    set_attribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(out_type));
-  }
-
-  // Column-major view: A = b (K x N_pad), B = a (K x M), C = D = out^T (N_pad x M).
-  const Layout a_layout = make_layout(fp8_cuda_type(g.b_format), p.K_pad, p.N_pad, p.K_pad);
-  const Layout b_layout = make_layout(fp8_cuda_type(g.a_format), p.K_pad, M, p.K_pad);
-  const Layout d_layout = make_layout(out_type, p.N_pad, M, p.N_pad);
-
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref);
-  const uint64_t workspace_bytes = kWorkspaceBytes;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &workspace_bytes, sizeof(workspace_bytes)));
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int returned = 0;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(), b_layout.get(),
-                                                      d_layout.get(), d_layout.get(), pref.get(), 1, &heuristic,
-                                                      &returned));
-  if (returned == 0) {
-    throw std::runtime_error(std::string(kOp) + ": cuBLASLt found no algorithm for a [" + std::to_string(M) + ", " +
-                             std::to_string(K) + "] x [" + std::to_string(N) + ", " + std::to_string(K) +
-                             "]^T FP8 GEMM (padded to K=" + std::to_string(p.K_pad) + ", N=" +
-                             std::to_string(p.N_pad) + ", bias epilogue " + std::to_string(p.epilogue_bias) + ")");
-  }
+  int device = 0;
+  FP8MP_CUDA_CHECK(cudaGetDevice(&device));
+  const GemmPlanKey key{device,
+                        M,
+                        p.N_pad,
+                        p.K_pad,
+                        int(fp8_cuda_type(g.a_format)),
+                        int(fp8_cuda_type(g.b_format)),
+                        int(cuda_type(g.out_type)),
+                        p.epilogue_bias,
+                        g.use_fast_accum,
+                        pointer_alignment(a_p),
+                        pointer_alignment(b_p),
+                        pointer_alignment(out_p)};
+  const CallPointers ptrs{g.a_scale_inv, g.b_scale_inv, p.epilogue_bias ? bias_p : nullptr};
+  GemmPlan& plan_ = cached_plan(handle, key, ptrs);
+  set_call_pointers(plan_.desc.get(), ptrs);  // on this thread's cached descriptor, read by cublasLtMatmul at enqueue
   const float alpha = 1.0f, beta = 0.0f;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmul(handle, desc.get(), &alpha, b_p, a_layout.get(), a_p, b_layout.get(), &beta,
-                                      out_p, d_layout.get(), out_p, d_layout.get(), &heuristic.algo, base,
-                                      kWorkspaceBytes, stream));
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmul(handle, plan_.desc.get(), &alpha, b_p, plan_.a_layout.get(), a_p,
+                                      plan_.b_layout.get(), &beta, out_p, plan_.d_layout.get(), out_p,
+                                      plan_.d_layout.get(), &plan_.algo, base, kWorkspaceBytes, stream));
 
   if (p.copy_out) {
-    FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(g.out, out_row_bytes, out_p, size_t(p.N_pad) * element_size(g.out_type),
+    FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(g.out, out_row_bytes, out_p, size_t(p.N_pad) * esize,
                                        out_row_bytes, size_t(M), cudaMemcpyDeviceToDevice, stream));
   }
   if (g.bias != nullptr && !p.epilogue_bias) {

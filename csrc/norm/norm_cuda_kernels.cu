@@ -11,6 +11,18 @@
 // grad_weight / grad_bias: a deterministic two-stage reduction over rows, no
 // float atomics: per-(column tile, row chunk) partial sums, then one thread per
 // column adds the chunks in order.
+//
+// Not fused with grad_x (issue 12, item 9), so backward reads x and grad_out
+// twice: for bf16 that is 4 extra bytes per element on top of the 6 that
+// grad_x needs (read x, grad_out; write grad_x), about 1.7x the minimum. A
+// fused, still deterministic kernel must keep each column's partial sums where
+// the row teams produce them: in registers (hidden / team columns per thread,
+// so one instantiation per hidden-size range and a register-bound occupancy,
+// which is what Transformer Engine's tuned per-size kernels do) or as per-team
+// partial rows in global memory, whose read-modify-write per row moves more
+// bytes through L2 than the second read it saves. Neither can be tuned or even
+// timed without a GPU; the two-kernel form is kept, correct and deterministic,
+// until gpu_check.sh can measure a fused variant against it.
 #include "norm/norm_cuda_kernels.cuh"
 
 #include <algorithm>

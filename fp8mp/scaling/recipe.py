@@ -10,6 +10,12 @@ so a larger margin trades precision for headroom against overflow. When amax
 is 0, NaN or Inf (or the result is not a finite positive number) the previous
 scale is kept: a step with an all-zero tensor or an overflow does not destroy
 the scale. ``scale_inv = 1 / scale`` always.
+
+Each recipe also says how its three FP8 GEMMs accumulate (``fp8_gemm_fprop``,
+``fp8_gemm_dgrad``, ``fp8_gemm_wgrad``, each an :class:`MMParams`), with
+Transformer Engine's defaults: fast accumulation for the forward GEMM, split
+(periodically promoted fp32) accumulation for the two gradient GEMMs, whose
+long sums over tokens lose most to a short accumulator.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 
 from fp8mp.ops.validation import check_int
 
-__all__ = ["Format", "DelayedScaling", "CurrentScaling", "AMAX_COMPUTE_ALGOS"]
+__all__ = ["Format", "MMParams", "DelayedScaling", "CurrentScaling", "AMAX_COMPUTE_ALGOS", "gemm_fast_accum"]
 
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 
@@ -53,6 +59,42 @@ def _check_format(value) -> None:
 
 
 @dataclass(frozen=True)
+class MMParams:
+    """How one FP8 GEMM accumulates (Transformer Engine's ``recipe.MMParams``).
+
+    Attributes:
+        use_split_accumulator: True: Hopper's FP8 tensor cores hand their partial sums
+            to a full fp32 accumulator every few K steps (more accurate); False: fast
+            accumulation (cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM), which keeps the
+            sums in the tensor core's narrower accumulator for the whole K loop (faster).
+            The CPU kernels always accumulate in fp32.
+    """
+
+    use_split_accumulator: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.use_split_accumulator, bool):
+            raise ValueError(f"use_split_accumulator must be a bool, got {self.use_split_accumulator!r}")
+
+
+FPROP_DEFAULT = MMParams(use_split_accumulator=False)
+GRAD_DEFAULT = MMParams(use_split_accumulator=True)
+GEMM_FIELDS = ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad")
+
+
+def _check_gemm_params(recipe) -> None:
+    for name in GEMM_FIELDS:
+        value = getattr(recipe, name)
+        if not isinstance(value, MMParams):
+            raise ValueError(f"{name} must be a fp8mp.recipe.MMParams, got {value!r}")
+
+
+def gemm_fast_accum(recipe) -> tuple[bool, bool, bool]:
+    """(fprop, dgrad, wgrad): whether each GEMM uses fast accumulation under `recipe`."""
+    return tuple(not getattr(recipe, name).use_split_accumulator for name in GEMM_FIELDS)
+
+
+@dataclass(frozen=True)
 class DelayedScaling:
     """Delayed scaling: the scale used at step n comes from the amaxes of earlier steps.
 
@@ -70,16 +112,23 @@ class DelayedScaling:
         fp8_format: a :class:`Format`; HYBRID (default) is E4M3 forward, E5M2 backward.
         amax_history_len: int >= 1, the window length H.
         amax_compute_algo: "max" (default) or "most_recent".
+        fp8_gemm_fprop, fp8_gemm_dgrad, fp8_gemm_wgrad: :class:`MMParams` of the forward,
+            input-gradient and weight-gradient GEMMs (default: fast accumulation forward,
+            split accumulation for both gradients, as Transformer Engine).
     """
 
     margin: int = 0
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
+    fp8_gemm_fprop: MMParams = FPROP_DEFAULT
+    fp8_gemm_dgrad: MMParams = GRAD_DEFAULT
+    fp8_gemm_wgrad: MMParams = GRAD_DEFAULT
 
     def __post_init__(self) -> None:
         check_int("margin", self.margin, 0)
         _check_format(self.fp8_format)
+        _check_gemm_params(self)
         check_int("amax_history_len", self.amax_history_len, 1)
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
             raise ValueError(f"amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, got {self.amax_compute_algo!r}")
@@ -97,14 +146,19 @@ class CurrentScaling:
     Attributes:
         margin: int >= 0; scales are divided by ``2**margin``.
         fp8_format: a :class:`Format`; HYBRID (default) is E4M3 forward, E5M2 backward.
+        fp8_gemm_fprop, fp8_gemm_dgrad, fp8_gemm_wgrad: as on :class:`DelayedScaling`.
     """
 
     margin: int = 0
     fp8_format: Format = Format.HYBRID
+    fp8_gemm_fprop: MMParams = FPROP_DEFAULT
+    fp8_gemm_dgrad: MMParams = GRAD_DEFAULT
+    fp8_gemm_wgrad: MMParams = GRAD_DEFAULT
 
     def __post_init__(self) -> None:
         check_int("margin", self.margin, 0)
         _check_format(self.fp8_format)
+        _check_gemm_params(self)
 
 
 # Any recipe fp8_autocast accepts (usable with isinstance).
