@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/cpu_clones.h"
 #include "common/fp8_decode_table.h"
@@ -30,24 +32,31 @@ FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __res
   return amax_bits;
 }
 
-// dst[j][i] = src[i][j] for an 8x8 byte block: rows held as uint64 words and transposed by
-// swapping 1-, 2- and 4-byte sub-blocks (three rounds of masked shifts).
-inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
-  uint64_t row[8];
-  for (int i = 0; i < 8; ++i) std::memcpy(&row[i], src + i * src_stride, 8);
-  constexpr struct { int shift; uint64_t mask; } kRounds[3] = {
-      {8, 0x00FF00FF00FF00FFull}, {16, 0x0000FFFF0000FFFFull}, {32, 0x00000000FFFFFFFFull}};
-  for (const auto& round : kRounds) {
+#if defined(__SSE2__)
+// dst[j][i] = src[i][j] for a 16x16 byte block in 64 SSE2 byte unpacks: four rounds of
+// out[2i], out[2i+1] = unpack{lo,hi}(in[i], in[i+8]), each a perfect shuffle of the row
+// index bits into the byte index, so four rounds swap rows and columns.
+inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+  __m128i r[16], o[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * src_stride));
+  for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < 8; ++i) {
-      if (i & round.shift / 8) continue;  // i is the upper row of a pair (i, i + shift/8)
-      const int j = i + round.shift / 8;
-      const uint64_t t = ((row[i] >> round.shift) ^ row[j]) & round.mask;
-      row[j] ^= t;
-      row[i] ^= t << round.shift;
+      o[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+      o[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
     }
+    for (int i = 0; i < 16; ++i) r[i] = o[i];
   }
-  for (int i = 0; i < 8; ++i) std::memcpy(dst + i * dst_stride, &row[i], 8);
+  for (int i = 0; i < 16; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * dst_stride), r[i]);
 }
+#else
+// Portable fallback: the same block, element by element.
+inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 16; ++j) dst[j * dst_stride + i] = src[i * src_stride + j];
+  }
+}
+#endif
+constexpr int64_t kBlock = 16;  // the transpose block edge
 
 // Cast one tile [r0, r1) x [c0, c1) of the row-major (rows x cols) input to y and to its transpose yt.
 template <Fp8Format F, typename scalar_t>
@@ -59,13 +68,13 @@ uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y
     const uint32_t row_amax = cast_span<F>(x + r * cols + c0, y + r * cols + c0, width, scale);
     amax_bits = row_amax > amax_bits ? row_amax : amax_bits;
   }
-  // The tile of y just written is in cache: transpose it into yt in 8x8 byte blocks through
+  // The tile of y just written is in cache: transpose it into yt in 16x16 byte blocks through
   // registers, then the ragged edges byte by byte.
   const uint8_t* tile = y + r0 * cols + c0;
-  const int64_t height = r1 - r0, full_rows = height / 8 * 8, full_cols = width / 8 * 8;
-  for (int64_t bc = 0; bc < full_cols; bc += 8) {
-    for (int64_t br = 0; br < full_rows; br += 8) {
-      transpose8x8(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
+  const int64_t height = r1 - r0, full_rows = height / kBlock * kBlock, full_cols = width / kBlock * kBlock;
+  for (int64_t bc = 0; bc < full_cols; bc += kBlock) {
+    for (int64_t br = 0; br < full_rows; br += kBlock) {
+      transpose16x16(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
     }
   }
   for (int64_t c = 0; c < width; ++c) {
