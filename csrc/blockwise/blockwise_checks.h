@@ -1,0 +1,37 @@
+// Argument checks of the block-scaled ops (block_quantize, block_scaled_gemm), shared by every device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+
+#include "blockwise/blockwise_cpu_kernels.h"
+#include "common/op_checks.h"
+
+namespace fp8mp {
+
+struct BlockQuantizeArgs {
+  Fp8Format format;
+  cpu::BlockScaleMode mode;
+};
+
+// x 2-D float32/bfloat16/float16; block_rows, block_cols >= 1; fmt "e4m3"/"e5m2";
+// scale_mode "fp32", "pow2", "e8m0_floor" or "e8m0_rceil".
+BlockQuantizeArgs check_block_quantize_args(const at::Tensor& x, int64_t block_rows, int64_t block_cols,
+                                            c10::string_view fmt, c10::string_view scale_mode);
+
+struct BlockGemmFormats {
+  Fp8Format a;
+  Fp8Format b;
+};
+
+// a [M, K] and b [N, K] 2-D FP8 on one device, not both E5M2; block sizes >= 1; each scale_inv
+// float32 or float8_e8m0fnu on that device, of shape [ceil(rows / block_rows), ceil(K / block_k)];
+// out_dtype fp32/bf16/fp16; bias, when given, [N] of dtype out_dtype on that device.
+BlockGemmFormats check_block_scaled_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
+                                              const at::Tensor& b_scale_inv, int64_t a_block_rows,
+                                              int64_t b_block_rows, int64_t block_k,
+                                              const std::optional<at::Tensor>& bias, at::ScalarType out_dtype);
+
+}  // namespace fp8mp
