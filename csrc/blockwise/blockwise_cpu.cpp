@@ -1,5 +1,5 @@
 // CPU glue of the block-scaled ops: argument checks, allocation and registration around the
-// torch-free kernels of blockwise_cpu_kernels.cpp, plus the fp32 GEMM they run each K chunk on.
+// torch-free kernels of blockwise_cpu_kernels.cpp, plus the batched fp32 GEMM they run the K chunks on.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -14,14 +14,14 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// c [rows, n] = a [rows, k] @ b [n, k]^T in fp32 (at::mm: IEEE fp32 unless the user lowered
-// torch's fp32 matmul precision).
-void torch_matmul_nt_fp32(const float* a, const float* b, float* c, int64_t rows, int64_t n, int64_t k) {
+// c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T in fp32 (at::bmm: IEEE fp32 unless the
+// user lowered torch's fp32 matmul precision).
+void torch_bmm_nt_fp32(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor a_t = at::from_blob(const_cast<float*>(a), {rows, k}, f32);
-  const at::Tensor b_t = at::from_blob(const_cast<float*>(b), {n, k}, f32);
-  at::Tensor c_t = at::from_blob(c, {rows, n}, f32);
-  at::mm_out(c_t, a_t, b_t.t());
+  const at::Tensor a_t = at::from_blob(const_cast<float*>(a), {batch, rows, k}, f32);
+  const at::Tensor b_t = at::from_blob(const_cast<float*>(b), {batch, n, k}, f32);
+  at::Tensor c_t = at::from_blob(c, {batch, rows, n}, f32);
+  at::bmm_out(c_t, a_t, b_t.transpose(1, 2));
 }
 
 std::tuple<at::Tensor, at::Tensor> block_quantize_cpu(const at::Tensor& x, int64_t block_rows, int64_t block_cols,
@@ -53,7 +53,7 @@ at::Tensor block_scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& a_scale_
   at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
   cpu::block_scaled_gemm(operand(ac, formats.a, sa, a_block_rows), operand(bc, formats.b, sb, b_block_rows), a.size(0),
                          b.size(0), a.size(1), block_k, bias_c.defined() ? bias_c.const_data_ptr() : nullptr,
-                         out.mutable_data_ptr(), hp_type(out_dtype), torch_matmul_nt_fp32, torch_parallel_for);
+                         out.mutable_data_ptr(), hp_type(out_dtype), torch_bmm_nt_fp32, torch_parallel_for);
   return out;
 }
 

@@ -2,8 +2,8 @@
 //
 // block_quantize reads each row block of x twice (tile amaxes, then the scaled cast), one
 // parallel task per row block of tiles. block_scaled_gemm decodes a and b to fp32 once, laid out
-// chunk-major ([K chunk][row][k in chunk]) so that each K chunk is a contiguous fp32 GEMM, and
-// folds each chunk's partial product into the fp32 accumulator with its two scales.
+// chunk-major ([K chunk][row][k in chunk]) so that all K chunks are one batched fp32 GEMM, then
+// folds the chunks' partial products into an fp32 accumulator with their two scales, row by row.
 #include "blockwise/blockwise_cpu_kernels.h"
 
 #include <algorithm>
@@ -186,7 +186,7 @@ float scale_at(const BlockOperand& op, int64_t n_chunks, int64_t row, int64_t ch
 
 template <typename scalar_t>
 void block_scaled_gemm_impl(const BlockOperand& a, const BlockOperand& b, int64_t M, int64_t N, int64_t K,
-                            int64_t block_k, const scalar_t* bias, scalar_t* out, const MatmulNtFp32& matmul,
+                            int64_t block_k, const scalar_t* bias, scalar_t* out, const BatchedMatmulNtFp32& matmul,
                             ParallelFor parallel_for) {
   if (K == 0) {  // an empty sum: the result is the bias (or zeros), whatever the scales
     for (int64_t m = 0; m < M; ++m) {
@@ -194,39 +194,42 @@ void block_scaled_gemm_impl(const BlockOperand& a, const BlockOperand& b, int64_
     }
     return;
   }
-  const int64_t n_chunks = ceil_div(K, block_k);
+  const int64_t full_chunks = K / block_k, tail = K % block_k, n_chunks = ceil_div(K, block_k);
   const auto b_f32 = uninitialized_floats(N * K);
   decode_chunk_major(b.data, b.format, 0, N, K, block_k, b_f32.get(), parallel_for);
-  std::vector<float> b_scales(static_cast<size_t>(N * n_chunks), 0.0f);  // [n][chunk]
+  std::vector<float> b_scales(static_cast<size_t>(n_chunks * N), 0.0f);  // [chunk][n]
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < n_chunks; ++c) b_scales[size_t(n * n_chunks + c)] = scale_at(b, n_chunks, n, c);
+    for (int64_t c = 0; c < n_chunks; ++c) b_scales[size_t(c * N + n)] = scale_at(b, n_chunks, n, c);
   }
-  const int64_t block_m = std::min(M, std::max<int64_t>(1, kBlockElements / K));
+  // Rows of a per pass: its fp32 copy and the partial products of all chunks stay within kBlockElements.
+  const int64_t block_m = std::min(M, std::max<int64_t>(1, kBlockElements / std::max(K, n_chunks * N)));
   const auto a_f32 = uninitialized_floats(block_m * K);
-  const auto partial = uninitialized_floats(block_m * N);
-  const auto acc = uninitialized_floats(block_m * N);
-  const int64_t row_grain = std::max<int64_t>(1, kGrainElements / N);
+  const auto partial = uninitialized_floats(block_m * N * n_chunks);  // [chunk][row][n]
+  const int64_t row_grain = std::max<int64_t>(1, kGrainElements / (N * n_chunks));
   for (int64_t row0 = 0; row0 < M; row0 += block_m) {
     const int64_t rows = std::min(block_m, M - row0);
     decode_chunk_major(a.data, a.format, row0, rows, K, block_k, a_f32.get(), parallel_for);
-    std::fill(acc.get(), acc.get() + rows * N, 0.0f);
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const int64_t k0 = c * block_k, kc = std::min(block_k, K - k0);
-      matmul(a_f32.get() + k0 * rows, b_f32.get() + k0 * N, partial.get(), rows, N, kc);
-      parallel_for(0, rows, row_grain, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const float sa = scale_at(a, n_chunks, row0 + r, c);
-          const float* p = partial.get() + r * N;
-          float* dst = acc.get() + r * N;
-          for (int64_t n = 0; n < N; ++n) dst[n] = dst[n] + p[n] * (sa * b_scales[size_t(n * n_chunks + c)]);
-        }
-      });
+    // Every chunk's fp32 sums: the full chunks in one batched GEMM, the shorter last chunk in another.
+    if (full_chunks > 0) matmul(a_f32.get(), b_f32.get(), partial.get(), full_chunks, rows, N, block_k);
+    if (tail > 0) {
+      const int64_t k0 = full_chunks * block_k;
+      matmul(a_f32.get() + k0 * rows, b_f32.get() + k0 * N, partial.get() + full_chunks * rows * N, 1, rows, N, tail);
     }
     scalar_t* out_rows = out + row0 * N;
-    parallel_for(0, rows * N, kGrainElements, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const float v = bias != nullptr ? acc[i] + static_cast<float>(bias[i % N]) : acc[i];
-        out_rows[i] = static_cast<scalar_t>(v);
+    parallel_for(0, rows, row_grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(static_cast<size_t>(N), 0.0f);
+      for (int64_t r = begin; r < end; ++r) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t c = 0; c < n_chunks; ++c) {  // in chunk order
+          const float sa = scale_at(a, n_chunks, row0 + r, c);
+          const float* p = partial.get() + (c * rows + r) * N;
+          const float* sb = b_scales.data() + c * N;
+          for (int64_t n = 0; n < N; ++n) acc[size_t(n)] = acc[size_t(n)] + p[n] * (sa * sb[n]);
+        }
+        for (int64_t n = 0; n < N; ++n) {
+          const float v = bias != nullptr ? acc[size_t(n)] + static_cast<float>(bias[n]) : acc[size_t(n)];
+          out_rows[r * N + n] = static_cast<scalar_t>(v);
+        }
       }
     });
   }
@@ -246,7 +249,7 @@ void block_quantize(const void* x, HpType x_type, int64_t rows, int64_t cols, in
 }
 
 void block_scaled_gemm(const BlockOperand& a, const BlockOperand& b, int64_t M, int64_t N, int64_t K, int64_t block_k,
-                       const void* bias, void* out, HpType out_type, const MatmulNtFp32& matmul,
+                       const void* bias, void* out, HpType out_type, const BatchedMatmulNtFp32& matmul,
                        ParallelFor parallel_for) {
   if (M == 0 || N == 0) return;
   FP8MP_DISPATCH_HP(out_type, [&] {

@@ -13,7 +13,7 @@
 #include "common/cpu_parallel.h"
 #include "common/fp8_format.h"
 #include "common/half_types.h"
-#include "gemm/gemm_cpu_kernels.h"  // MatmulNtFp32
+#include <functional>
 
 namespace fp8mp::cpu {
 
@@ -40,6 +40,10 @@ inline bool is_e8m0(BlockScaleMode mode) { return mode == BlockScaleMode::E8m0Fl
 void block_quantize(const void* x, HpType x_type, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
                     Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv, ParallelFor parallel_for);
 
+// c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T per batch item, IEEE fp32, contiguous.
+using BatchedMatmulNtFp32 =
+    std::function<void(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k)>;
+
 // Storage of a GEMM operand's scale_inv: fp32 values or E8M0 codes (2^(code - 127), 255 = NaN).
 enum class BlockScaleType : int { Fp32 = 0, E8m0 = 1 };
 
@@ -56,11 +60,11 @@ struct BlockOperand {
 // out [M, N] = out_type(acc + bias) for a [M, K], b [N, K], where, over the K chunks c of block_k
 // elements (the last may be shorter),
 //   acc[m, n] = sum_c fp32(sum_{k in c} dec(a[m, k]) * dec(b[n, k])) * (sa[m / a.block_rows, c] * sb[n / b.block_rows, c])
-// all in fp32: exact FP8 products summed in fp32 per chunk (the fp32 GEMM the glue hands in),
+// all in fp32: exact FP8 products summed in fp32 per chunk (the batched fp32 GEMM the glue hands in),
 // multiplied by the product of the chunk's two scale_invs, accumulated over chunks in order.
 // bias [N] (of out_type) or nullptr.
 void block_scaled_gemm(const BlockOperand& a, const BlockOperand& b, int64_t M, int64_t N, int64_t K, int64_t block_k,
-                       const void* bias, void* out, HpType out_type, const MatmulNtFp32& matmul,
+                       const void* bias, void* out, HpType out_type, const BatchedMatmulNtFp32& matmul,
                        ParallelFor parallel_for);
 
 }  // namespace fp8mp::cpu
