@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 
 from fp8mp.scaling import distributed
+from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
+from fp8mp.nn.block_linear_function import block_linear
 from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, fold_amax_
-from fp8mp.scaling.recipe import gemm_fast_accum
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
@@ -157,6 +158,12 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     already ran in this context: its last amaxes were not reduced at the context's entry).
     weight_in_out: `weight` is [K,N] (transformers' Conv1D layout), not [N,K].
     """
+    if isinstance(meta.recipe, BlockRecipe):  # fine-grained: scales per block, nothing in meta to update or reduce
+        if fp8_weight is not None:
+            raise NotImplementedError(f"fp8mp: a weight stored in FP8 (fp8_model_init) has one per-tensor scale; "
+                                      f"{type(meta.recipe).__name__} needs block scales, which FP8 weight storage "
+                                      "does not keep yet: store this layer's weight in high precision")
+        return block_linear(x, weight, bias, meta.recipe, (meta.format_of(INPUT), meta.format_of(GRAD)), weight_in_out)
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))

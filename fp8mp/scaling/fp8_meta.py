@@ -13,7 +13,7 @@ import threading
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Recipe
+from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 from fp8mp.ops.format import FP8_MAX
 
@@ -208,5 +208,7 @@ class Fp8Meta(torch.nn.Module):
         return flags
 
     def uses_current_scaling(self) -> bool:
-        """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
-        return isinstance(self.recipe, CurrentScaling) or not self._initialized
+        """True under CurrentScaling and the fine-grained recipes (scales from the tensor itself), and for
+        every tensor on the first step of delayed scaling."""
+        recipe = self.recipe  # (two isinstance calls: Dynamo refuses a union inside a tuple)
+        return isinstance(recipe, CurrentScaling) or isinstance(recipe, BlockRecipe) or not self._initialized
