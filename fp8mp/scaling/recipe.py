@@ -20,7 +20,7 @@ long sums over tokens lose most to a short accumulator.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fp8mp.ops.validation import check_int
 
@@ -78,8 +78,16 @@ class MMParams:
             raise ValueError(f"use_split_accumulator must be a bool, got {self.use_split_accumulator!r}")
 
 
-FPROP_DEFAULT = MMParams(use_split_accumulator=False)
-GRAD_DEFAULT = MMParams(use_split_accumulator=True)
+# Factories rather than shared default instances: torch.compile (Dynamo) cannot trace a
+# dataclass __init__ whose defaults are objects of a user class, so DelayedScaling() inside a
+# compiled region (fp8_autocast's default recipe) would break the graph.
+def _fprop_default() -> MMParams:
+    return MMParams(use_split_accumulator=False)
+
+
+def _grad_default() -> MMParams:
+    return MMParams(use_split_accumulator=True)
+
 GEMM_FIELDS = ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad")
 
 
@@ -122,9 +130,9 @@ class DelayedScaling:
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
-    fp8_gemm_fprop: MMParams = FPROP_DEFAULT
-    fp8_gemm_dgrad: MMParams = GRAD_DEFAULT
-    fp8_gemm_wgrad: MMParams = GRAD_DEFAULT
+    fp8_gemm_fprop: MMParams = field(default_factory=_fprop_default)
+    fp8_gemm_dgrad: MMParams = field(default_factory=_grad_default)
+    fp8_gemm_wgrad: MMParams = field(default_factory=_grad_default)
 
     def __post_init__(self) -> None:
         check_int("margin", self.margin, 0)
@@ -152,9 +160,9 @@ class CurrentScaling:
 
     margin: int = 0
     fp8_format: Format = Format.HYBRID
-    fp8_gemm_fprop: MMParams = FPROP_DEFAULT
-    fp8_gemm_dgrad: MMParams = GRAD_DEFAULT
-    fp8_gemm_wgrad: MMParams = GRAD_DEFAULT
+    fp8_gemm_fprop: MMParams = field(default_factory=_fprop_default)
+    fp8_gemm_dgrad: MMParams = field(default_factory=_grad_default)
+    fp8_gemm_wgrad: MMParams = field(default_factory=_grad_default)
 
     def __post_init__(self) -> None:
         check_int("margin", self.margin, 0)
