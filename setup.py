@@ -64,6 +64,18 @@ def nvidia_wheel_dirs(kind: str) -> list:
     return sorted(set(d for d in dirs if os.path.isdir(d)))
 
 
+def cublaslt_include_dirs() -> list:
+    """CUDA's own include folder, then, only where it lacks cublasLt.h, the one nvidia-* wheel folder that
+    has it: every nvidia/*/include ahead of CUDA's own would shadow the toolkit's cuda_runtime.h."""
+    cuda_include = os.path.join(CUDA_HOME, "include")
+    if os.path.isfile(os.path.join(cuda_include, "cublasLt.h")):
+        return [cuda_include]
+    for folder in nvidia_wheel_dirs("include"):
+        if os.path.isfile(os.path.join(folder, "cublasLt.h")):
+            return [cuda_include, folder]
+    sys.exit(f"cublasLt.h not found in {cuda_include} nor in the nvidia-* wheels' include folders")
+
+
 def cublaslt_library() -> str:
     """CUDAExtension links cudart only: cuBLASLt is named explicitly (found at run time by its soname,
     which torch's CUDA build has already loaded)."""
@@ -104,7 +116,7 @@ def cuda_extension():
     ext = CUDAExtension(
         "fp8mp._cuda_ops",
         cuda_sources,
-        include_dirs=[os.path.abspath(CSRC)] + nvidia_wheel_dirs("include"),
+        include_dirs=[os.path.abspath(CSRC)] + cublaslt_include_dirs(),
         extra_compile_args={"cxx": CXX_FLAGS + ["-DUSE_CUDA"], "nvcc": nvcc_flags + ["-DUSE_CUDA"]},
         extra_link_args=LINK_STRIP + [cublaslt_library()],
         **COMMON,
