@@ -6,10 +6,12 @@ so an optimizer built before conversion keeps working, and memory does not grow.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Callable
 
 import torch
 
+from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 from fp8mp.scaling.autocast import validate_recipe
@@ -18,7 +20,7 @@ from fp8mp.scaling.recipe import Recipe
 logger = logging.getLogger("fp8mp")
 
 # Modules unconvert turns back into their torch twins (each has `to_torch()`).
-FP8_MODULES = (Linear, LayerNorm, RMSNorm)
+FP8_MODULES = (Linear, Conv1D, LayerNorm, RMSNorm)
 
 ModuleFilter = Callable[[str, torch.nn.Module], bool]
 
@@ -27,16 +29,33 @@ ModuleFilter = Callable[[str, torch.nn.Module], bool]
 FP8_DIM_MULTIPLE = 16
 
 
+def hf_conv1d_class() -> type | None:
+    """transformers' Conv1D class when transformers is loaded (a model holding one has loaded it), else None."""
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+
+
 def _swap_table(convert_norms: bool) -> dict[type, Callable[[torch.nn.Module], torch.nn.Module]]:
     table: dict[type, Callable] = {torch.nn.Linear: Linear.from_linear}
+    hf_conv1d = hf_conv1d_class()
+    if hf_conv1d is not None:
+        table[hf_conv1d] = Conv1D.from_hf
     if convert_norms:
         table[torch.nn.LayerNorm] = LayerNorm.from_torch
         table[torch.nn.RMSNorm] = RMSNorm.from_torch
     return table
 
 
-def fp8_dims_supported(module: torch.nn.Linear) -> bool:
-    return module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0
+def fp8_dims_supported(in_features: int, out_features: int) -> bool:
+    return in_features % FP8_DIM_MULTIPLE == 0 and out_features % FP8_DIM_MULTIPLE == 0
+
+
+def _matmul_dims(module: torch.nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a Linear or a transformers Conv1D; None for other modules."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if type(module) is hf_conv1d_class():
+        return module.nx, module.nf
+    return None
 
 
 def convert(
@@ -45,7 +64,8 @@ def convert(
     module_filter: ModuleFilter | None = None,
     convert_norms: bool = False,
 ) -> torch.nn.Module:
-    """Replace every `torch.nn.Linear` of `model` (and with `convert_norms`, LayerNorm/RMSNorm) in place.
+    """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
+    `convert_norms`, LayerNorm/RMSNorm).
 
     Args:
         model: any module; a bare `nn.Linear` is returned converted (it has no parent to swap it in).
@@ -54,7 +74,9 @@ def convert(
             kept. Use it to keep e.g. the LM head in high precision: `lambda name, m: name != "lm_head"`.
         convert_norms: also swap `nn.LayerNorm` / `nn.RMSNorm` for fp8mp's fused norms.
 
-    Linear layers whose in_features or out_features is not a multiple of 16 are skipped
+    transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
+    fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
+    Linear/Conv1D layers whose in_features or out_features is not a multiple of 16 are skipped
     (logged on the "fp8mp" logger): FP8 tensor cores need such dims and padding small layers
     does not pay. Subclasses of the torch modules (other than fp8mp's own) are left alone, since
     their forward may differ. Returns `model`.
@@ -74,13 +96,15 @@ def convert(
         if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) and len(module.normalized_shape) != 1:
             logger.info("fp8mp.convert: keeping %s: fp8mp norms normalize the last dimension only", name or "<root>")
             return None
-        if isinstance(module, torch.nn.Linear) and not fp8_dims_supported(module):
+        dims = _matmul_dims(module)
+        if dims is not None and not fp8_dims_supported(*dims):
             logger.info("fp8mp.convert: keeping %s (%s) in high precision: dims not multiples of %d", name or "<root>",
                         module, FP8_DIM_MULTIPLE)
             return None
         new = make(module)
         if recipe is not None and hasattr(new, "fp8_recipe"):
             new.fp8_recipe = recipe
+            new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
         return new
 
     return _swap_in_place(model, replacement)

@@ -38,6 +38,7 @@ from typing import Iterator
 
 import torch
 
+from fp8mp.nn.checkpoint import fp8_state_owner
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
 from fp8mp.ops.scale_update import compute_scale
@@ -113,11 +114,11 @@ def decode_weight(weight_fp8: torch.Tensor, scale_inv: torch.Tensor, dtype: torc
 def state_dict_bytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and persistent buffers, each storage once.
 
-    Extra states (the FP8 scaling history of fp8mp modules) are not weights and are not counted.
+    The FP8 scaling state of fp8mp modules (amax history, scales) is not weights and is not counted.
     """
     seen, total = set(), 0
-    for tensor in module.state_dict(keep_vars=True).values():
-        if not isinstance(tensor, torch.Tensor):
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if not isinstance(tensor, torch.Tensor) or fp8_state_owner(key) is not None:
             continue
         key = (tensor.untyped_storage().data_ptr(), tensor.device)
         if key not in seen:

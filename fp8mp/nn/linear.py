@@ -8,9 +8,8 @@ import torch.nn.functional as F
 
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn import fp8_weight as fp8_weight_storage
-from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, keep_buffer_dtypes
-from fp8mp.nn.fp8_linear_function import fp8_linear
+from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
 
 
 class Linear(torch.nn.Linear):
@@ -139,13 +138,7 @@ class Linear(torch.nn.Linear):
                                "(create it with fp8_weight=True or inside fp8mp.fp8_model_init())")
 
     def _check_input(self, input: torch.Tensor) -> None:
-        if input.dim() == 0 or input.shape[-1] != self.in_features:
-            raise ValueError(f"fp8mp.nn.Linear: argument 'input' must have last dimension {self.in_features}, got shape {tuple(input.shape)}")
-        if input.dtype not in HIGH_PRECISION_DTYPES:
-            raise TypeError(f"fp8mp.nn.Linear: argument 'input' must be float32, bfloat16 or float16, got {input.dtype}")
-        weight = self.weight if self.weight is not None else self.weight_fp8
-        if input.device != weight.device:
-            raise RuntimeError(f"fp8mp.nn.Linear: argument 'input' is on {input.device} but the weight is on {weight.device}")
+        check_input("fp8mp.nn.Linear", input, self.in_features, self.weight if self.weight is not None else self.weight_fp8)
 
     def to_torch(self) -> torch.nn.Linear:
         """A torch.nn.Linear sharing this module's parameters (the FP8 scaling state is dropped).

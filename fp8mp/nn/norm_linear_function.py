@@ -15,6 +15,7 @@ import torch
 
 from fp8mp.ops import norm as norm_ops
 from fp8mp.scaling.fp8_meta import Fp8Meta
+from fp8mp.scaling.recipe import gemm_fast_accum
 from fp8mp.nn.fp8_linear_function import INPUT, GRAD, Fp8LinearFunction, prepare_scales, step_amax_to_fold
 
 
@@ -69,6 +70,7 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
         meta.scale[INPUT : INPUT + 1], meta.amax[INPUT : INPUT + 1], formats[0],
     )
     out = Fp8LinearFunction.apply(route, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
-                                  formats, grad_scale_fn, meta.lock(), None, (y_fp8, y_fp8_t))
-    meta.initialized = True
+                                  formats, grad_scale_fn, meta.lock(), None, (y_fp8, y_fp8_t), False,
+                                  gemm_fast_accum(meta.recipe))
+    meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])

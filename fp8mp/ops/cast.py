@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
 __all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "cuda_kernels_available"]
 
 
 def cuda_kernels_available() -> bool:
-    """True when this build has fp8mp's CUDA kernels and a CUDA device is present."""
-    return torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key("fp8mp::cast_to_fp8", "CUDA")
+    """True when this build has fp8mp's CUDA kernels, they are loaded and a CUDA device is present
+    (native.cuda_kernels_status() says which is missing)."""
+    return native.cuda_library_loaded() and torch.cuda.is_available()
 
 
 @torch.library.register_fake("fp8mp::cast_to_fp8")
@@ -40,6 +42,7 @@ def _cast_from_fp8_fake(y, scale_inv, out_dtype):
     return torch.empty_like(y, dtype=out_dtype, memory_format=torch.contiguous_format)
 
 
+@raising_value_errors
 def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     """Cast `x` to FP8: ``saturate(round_nearest_even(x * scale))``, writing ``max|x|`` into `amax`.
 
@@ -56,6 +59,7 @@ def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: s
     return torch.ops.fp8mp.cast_to_fp8(x, scale, amax, fmt)
 
 
+@raising_value_errors
 def cast_to_fp8_transpose(
     x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +67,7 @@ def cast_to_fp8_transpose(
     return torch.ops.fp8mp.cast_to_fp8_transpose(x, scale, amax, fmt)
 
 
+@raising_value_errors
 def cast_from_fp8(y: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode FP8 `y` and multiply by `scale_inv` (1-element float32 tensor), returning `out_dtype`."""
     return torch.ops.fp8mp.cast_from_fp8(y, scale_inv, out_dtype)

@@ -7,8 +7,10 @@ fake one, even if the other arguments are CPU tensors). Every `register_fake` in
 calling the check of its op here, so a call refused eagerly is refused the same way under
 FakeTensor and torch.compile (tests/ops/test_fake_checks.py compares the messages).
 
-Messages print dtypes, shapes and devices as c10 does (Float, [2, 3], cuda:0). RuntimeError is
-TORCH_CHECK, ValueError TORCH_CHECK_VALUE.
+Messages print dtypes, shapes and devices as c10 does (Float, [2, 3], cuda:0). The errors are the
+C++ ones (csrc/common/stable.h): RuntimeError for FP8MP_CHECK, and for FP8MP_CHECK_VALUE a
+RuntimeError whose message starts with the ValueError tag, which the wrappers of fp8mp.ops turn
+into ValueError (errors.py).
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ import warnings
 
 import torch
 
+from fp8mp.ops.errors import VALUE_ERROR_TAG
 from fp8mp.ops.format import FP8_DTYPES, HIGH_PRECISION_DTYPES
 
 __all__ = [
     "check_cast_to_fp8_args", "check_cast_from_fp8_args", "check_fp8_gemm_args", "check_norm_fwd_args",
     "check_norm_fwd_fp8_args", "check_norm_bwd_args", "check_update_amax_history_args", "check_no_overlap",
+    "check_block_quantize_args", "check_block_scaled_gemm_args",
 ]
 
 
@@ -47,11 +51,9 @@ def sizes(t: torch.Tensor) -> str:
 
 
 def _require(condition, error: type, message) -> None:
-    """torch._check* (which also take the symbolic conditions of dynamic shapes) raising `error`."""
-    if error is ValueError:
-        torch._check_value(condition, lambda: message)
-    else:
-        torch._check(condition, lambda: message)
+    """torch._check (which also takes the symbolic conditions of dynamic shapes); `error` ValueError
+    tags the message as the C++ FP8MP_CHECK_VALUE does."""
+    torch._check(condition, lambda: VALUE_ERROR_TAG + message if error is ValueError else message)
 
 
 # ------------------------------------------------------------------------ shared (common/op_checks.cpp)
@@ -240,3 +242,66 @@ def check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max
     _require(margin >= 0, ValueError, f"{op}: argument 'margin' must be >= 0, got {margin}")
     _require(amax_compute_algo in ("max", "most_recent"), ValueError,
              f"{op}: argument 'amax_compute_algo' must be 'max' or 'most_recent', got '{amax_compute_algo}'")
+
+
+# ------------------------------------------------------------------------ blockwise (blockwise/blockwise_checks.cpp)
+BLOCK_SCALE_MODES = ("fp32", "pow2", "e8m0_floor", "e8m0_rceil")
+
+
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def _check_block_size(size: int, op: str, arg: str) -> None:
+    _require(size >= 1, ValueError, f"{op}: argument '{arg}' must be >= 1, got {size}")
+
+
+def check_block_quantize_args(x, block_rows: int, block_cols: int, fmt: str, scale_mode: str) -> tuple[str, str]:
+    """Returns (format, scale_mode)."""
+    op = "fp8mp::block_quantize"
+    fmt = parse_format(fmt, op)
+    _require(scale_mode in BLOCK_SCALE_MODES, ValueError,
+             f"{op}: argument 'scale_mode' must be 'fp32', 'pow2', 'e8m0_floor' or 'e8m0_rceil', got '{scale_mode}'")
+    check_high_precision_dtype(x.dtype, op, "x")
+    _require(x.dim() == 2, ValueError, f"{op}: argument 'x' must be 2-D, got shape {sizes(x)}")
+    _check_block_size(block_rows, op, "block_rows")
+    _check_block_size(block_cols, op, "block_cols")
+    return fmt, scale_mode
+
+
+def _check_block_scale(scale_inv, data, block_rows: int, block_k: int, op: str, arg: str) -> None:
+    _require(scale_inv.dtype in (torch.float32, torch.float8_e8m0fnu), RuntimeError,
+             f"{op}: argument '{arg}' must be float32 or float8_e8m0fnu, got {dtype_name(scale_inv.dtype)}")
+    _require(scale_inv.device == data.device, RuntimeError,
+             f"{op}: argument '{arg}' must be on the input's device {data.device}, got {scale_inv.device}")
+    rows, cols = _ceil_div(data.shape[0], block_rows), _ceil_div(data.shape[1], block_k)
+    _require(scale_inv.dim() == 2 and scale_inv.shape[0] == rows and scale_inv.shape[1] == cols, ValueError,
+             f"{op}: argument '{arg}' must have shape [{rows}, {cols}] (one scale per {block_rows} x {block_k} block), "
+             f"got shape {sizes(scale_inv)}")
+
+
+def check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows: int, b_block_rows: int, block_k: int,
+                                 bias, out_dtype) -> None:
+    op = "fp8mp::block_scaled_gemm"
+    formats = format_of(a, op, "a"), format_of(b, op, "b")
+    _require(formats != ("e5m2", "e5m2"), RuntimeError,
+             f"{op}: arguments 'a' and 'b' cannot both be float8_e5m2 (FP8 tensor cores have no e5m2 x e5m2 GEMM); "
+             "make at least one of them float8_e4m3fn")
+    _require(b.device == a.device, RuntimeError, f"{op}: argument 'b' must be on the device of 'a' {a.device}, got {b.device}")
+    check_high_precision_dtype(out_dtype, op, "out_dtype")
+    _require(a.dim() == 2, ValueError, f"{op}: argument 'a' must be 2-D [M, K], got shape {sizes(a)}")
+    _require(b.dim() == 2, ValueError, f"{op}: argument 'b' must be 2-D [N, K], got shape {sizes(b)}")
+    _require(b.shape[1] == a.shape[1], ValueError,
+             f"{op}: argument 'b' must be [N, K] with K = a.size(1) = {a.shape[1]} (out = a @ b.T), got shape {sizes(b)}")
+    _check_block_size(a_block_rows, op, "a_block_rows")
+    _check_block_size(b_block_rows, op, "b_block_rows")
+    _check_block_size(block_k, op, "block_k")
+    _check_block_scale(a_scale_inv, a, a_block_rows, block_k, op, "a_scale_inv")
+    _check_block_scale(b_scale_inv, b, b_block_rows, block_k, op, "b_scale_inv")
+    if bias is not None:
+        _require(bias.dtype == out_dtype, RuntimeError,
+                 f"{op}: argument 'bias' must have dtype out_dtype = {dtype_name(out_dtype)}, got {dtype_name(bias.dtype)}")
+        _require(bias.device == a.device, RuntimeError,
+                 f"{op}: argument 'bias' must be on the input's device {a.device}, got {bias.device}")
+        _require(bias.dim() == 1 and bias.shape[0] == b.shape[0], ValueError,
+                 f"{op}: argument 'bias' must have shape [N] = [{b.shape[0]}], got shape {sizes(bias)}")

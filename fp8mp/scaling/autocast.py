@@ -64,7 +64,8 @@ _CONTEXTS = _ThreadContexts()
 
 def validate_recipe(recipe: Recipe) -> Recipe:
     if not isinstance(recipe, Recipe):
-        raise TypeError(f"argument 'fp8_recipe' must be a DelayedScaling or CurrentScaling, got {type(recipe).__name__}")
+        raise TypeError("argument 'fp8_recipe' must be a DelayedScaling, CurrentScaling, RowwiseScaling, BlockScaling "
+                        f"or MXFP8Scaling, got {type(recipe).__name__}")
     if recipe.fp8_format == Format.E5M2:
         raise ValueError(
             "argument 'fp8_recipe': Format.E5M2 for every tensor needs E5M2 x E5M2 GEMMs, which FP8 tensor cores "
@@ -79,7 +80,8 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None, fp8_gro
 
     Args:
         enabled: False runs the block in the modules' own precision (handy to switch FP8 with a flag).
-        fp8_recipe: DelayedScaling (default) or CurrentScaling.
+        fp8_recipe: DelayedScaling (default), CurrentScaling, or a fine-grained recipe (RowwiseScaling,
+            BlockScaling, MXFP8Scaling; those need no amax reduction, see fp8mp/scaling/recipe.py).
         fp8_group: torch.distributed ProcessGroup over which amaxes are reduced so that every rank
             computes the same scales (None: no reduction). Entering the context reduces, in one
             all_reduce, the amaxes left by the previous context with the same group; enter it

@@ -13,7 +13,7 @@ import threading
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Recipe
+from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 from fp8mp.ops.format import FP8_MAX
 
@@ -34,6 +34,22 @@ class LinearTensor(enum.IntEnum):
     GRAD_OUTPUT = 2
 
 
+# A fresh module's history length: the default recipe's, the one most checkpoints are saved with.
+DEFAULT_HISTORY_LEN = DelayedScaling().amax_history_len
+
+
+def _upgrade_extra_state(state_dict: dict, prefix: str) -> dict:
+    """Checkpoints of fp8mp 0.1.0 held the state as a dict under "<prefix>_extra_state": spell it as buffers."""
+    legacy = state_dict.get(prefix + "_extra_state")
+    if not isinstance(legacy, dict):
+        return state_dict
+    upgraded = {k: v for k, v in state_dict.items() if k != prefix + "_extra_state"}
+    for name in ("amax", "amax_history", "scale", "scale_inv"):
+        upgraded[prefix + name] = legacy[name]
+    upgraded[prefix + "initialized"] = torch.tensor([bool(legacy["initialized"])])
+    return upgraded
+
+
 def keep_buffer_dtypes(module: torch.nn.Module, dtypes: dict[str, torch.dtype]) -> None:
     """Undo a dtype conversion of the named buffers (after `model.bfloat16()`, `model.to(dtype)`...)."""
     for name, dtype in dtypes.items():
@@ -45,29 +61,36 @@ def keep_buffer_dtypes(module: torch.nn.Module, dtypes: dict[str, torch.dtype]) 
 class Fp8Meta(torch.nn.Module):
     """Scaling buffers for `num_tensors` FP8 tensors of one module.
 
-    Buffers (non-persistent: a module's state_dict keys stay those of its torch twin):
+    Buffers in the state_dict (keys "<module>.fp8_meta.<name>"), so checkpoints in every format
+    (torch.save with weights_only=True, safetensors, save_pretrained, torch.distributed.checkpoint)
+    carry them and resumed training continues with the same scales, bit for bit:
         amax [T]: newest amax of each tensor, written by the cast kernels.
-        amax_history [H, T]: row 0 newest (delayed scaling).
+        amax_history [H, T]: row 0 newest (delayed scaling). H starts at the default recipe's
+            amax_history_len, so a fresh module has the shapes a checkpoint of a trained one has.
         scale [T], scale_inv [T]: what the next casts use; scale_inv == 1 / scale.
-        fp8_max [T]: largest finite value of each tensor's format under the active recipe.
-        step_amax [T]: max of every amax the casts that record gradients wrote since the last
+        initialized [1] bool: a forward has set the scales from the data.
+    Not saved: fp8_max [T], the largest finite value of each tensor's format under the active recipe;
+        step_amax [T], max of every amax the casts that record gradients wrote since the last
             `take_nonfinite()` (NaN if one met a NaN): what fp8mp.LossScaler checks once per step.
     """
 
-    def __init__(self, num_tensors: int, backward_tensors: tuple[int, ...], device=None):
+    def __init__(self, num_tensors: int, backward_tensors: tuple[int, ...], device=None,
+                 history_len: int = DEFAULT_HISTORY_LEN):
         super().__init__()
         self.num_tensors = num_tensors
         self.backward_tensors = backward_tensors
         self.recipe: Recipe | None = None
-        # False until a first forward set scales from the data itself: delayed
-        # scaling would otherwise cast step 0 with scale 1 and saturate anything above 448.
-        self.initialized = False
         self._lock = threading.RLock()
         factory = dict(dtype=torch.float32, device=device)
-        self.register_buffer("amax", torch.zeros(num_tensors, **factory), persistent=False)
-        self.register_buffer("amax_history", torch.zeros(1, num_tensors, **factory), persistent=False)
-        self.register_buffer("scale", torch.ones(num_tensors, **factory), persistent=False)
-        self.register_buffer("scale_inv", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("amax", torch.zeros(num_tensors, **factory))
+        self.register_buffer("amax_history", torch.zeros(history_len, num_tensors, **factory))
+        self.register_buffer("scale", torch.ones(num_tensors, **factory))
+        self.register_buffer("scale_inv", torch.ones(num_tensors, **factory))
+        # False until a first forward set scales from the data itself: delayed scaling would otherwise
+        # cast step 0 with scale 1 and saturate anything above 448. The buffer is what checkpoints
+        # hold; the Python mirror is what forwards read (reading the buffer would sync with the GPU).
+        self.register_buffer("initialized", torch.zeros(1, dtype=torch.bool, device=device))
+        self._initialized = False
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
 
@@ -94,39 +117,38 @@ class Fp8Meta(torch.nn.Module):
         # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
         # bf16 scale would round. Device moves apply as usual.
         super()._apply(fn, recurse)
-        keep_buffer_dtypes(self, {name: torch.float32 for name in self._buffers})
+        keep_buffer_dtypes(self, {name: torch.float32 for name in self._FLOAT_BUFFERS})
         return self
 
     # ------------------------------------------------------------ checkpoints
-    # The scaling state travels in the module's state_dict as "<prefix>fp8_meta._extra_state",
-    # so training resumed from a checkpoint continues with the same scales, bit for bit.
+    _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max", "step_amax")
+    STATE_KEYS = ("amax", "amax_history", "scale", "scale_inv", "initialized")
 
-    _STATE_BUFFERS = ("amax", "amax_history", "scale", "scale_inv")
+    def is_initialized(self) -> bool:
+        return self._initialized
 
-    def get_extra_state(self) -> dict:
-        state = {name: getattr(self, name).detach().clone() for name in self._STATE_BUFFERS}
-        state["initialized"] = self.initialized
-        return state
-
-    def set_extra_state(self, state: dict) -> None:
-        missing = [k for k in (*self._STATE_BUFFERS, "initialized") if k not in state]
-        if missing:
-            raise ValueError(f"Fp8Meta: checkpoint extra state lacks {missing}")
-        if state["amax"].shape != self.amax.shape:
-            raise ValueError(f"Fp8Meta: checkpoint holds {state['amax'].numel()} FP8 tensors, this module has {self.num_tensors}")
-        with torch.no_grad():
-            for name in ("amax", "scale", "scale_inv"):
-                getattr(self, name).copy_(state[name])
-            self.amax_history = state["amax_history"].to(device=self.amax.device, dtype=torch.float32).clone()
-        self.initialized = bool(state["initialized"])
-        self.recipe = None  # the next forward re-reads formats; a history of matching length is kept
+    def mark_initialized(self) -> None:
+        if not self._initialized:
+            self.initialized.fill_(True)
+            self._initialized = True
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        state_dict = _upgrade_extra_state(state_dict, prefix)
+        present = [name for name in self.STATE_KEYS if prefix + name in state_dict]
+        if not present:
+            # A plain torch checkpoint (nn.Linear, Conv1D, ...), or a partial load without this state: strict
+            # loading passes and the state is reset, so the next forward scales from the data (as on step 0)
+            # rather than from amaxes of other weights.
+            self.reset_scaling()
+            return
+        history = state_dict.get(prefix + "amax_history")
+        if history is not None and history.dim() == 2 and history.shape[1] == self.num_tensors:
+            # The history length is the saving recipe's; adopt it rather than report a size mismatch.
+            self.amax_history = self.amax_history.new_zeros(history.shape)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-        # A plain torch checkpoint (nn.Linear, nn.LayerNorm) has no FP8 state: start fresh, don't fail strict loading.
-        extra_key = prefix + "_extra_state"
-        if extra_key not in state_dict and extra_key in missing_keys:
-            missing_keys.remove(extra_key)
+        if not self.initialized.is_meta:
+            self._initialized = bool(self.initialized.item())
+        self.recipe = None  # the next forward re-reads formats; a history of matching length is kept
 
     def format_of(self, index: int) -> str:
         assert self.recipe is not None
@@ -137,9 +159,9 @@ class Fp8Meta(torch.nn.Module):
         """Adopt `recipe` (history length, formats); a no-op when it is the one already in use."""
         if recipe is self.recipe:
             return
-        history_len = recipe.amax_history_len if isinstance(recipe, DelayedScaling) else 1
-        if self.amax_history.shape[0] != history_len:
-            self.amax_history = self.amax_history.new_zeros(history_len, self.num_tensors)
+        # Current scaling keeps whatever history there is (unused), so checkpoint shapes do not depend on the recipe.
+        if isinstance(recipe, DelayedScaling) and self.amax_history.shape[0] != recipe.amax_history_len:
+            self.amax_history = self.amax_history.new_zeros(recipe.amax_history_len, self.num_tensors)
         self.recipe = recipe
         self.fp8_max.copy_(torch.tensor([FP8_MAX[self.format_of(i)] for i in range(self.num_tensors)]))
 
@@ -174,7 +196,8 @@ class Fp8Meta(torch.nn.Module):
             self.amax_history.zero_()
             self.scale.fill_(1.0)
             self.scale_inv.fill_(1.0)
-            self.initialized = False
+            self.initialized.fill_(False)
+            self._initialized = False
 
     def take_nonfinite(self) -> torch.Tensor:
         """[T] bool, on this module's device: whether each tensor's casts met an Inf or NaN since the
@@ -185,5 +208,7 @@ class Fp8Meta(torch.nn.Module):
         return flags
 
     def uses_current_scaling(self) -> bool:
-        """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
-        return isinstance(self.recipe, CurrentScaling) or not self.initialized
+        """True under CurrentScaling and the fine-grained recipes (scales from the tensor itself), and for
+        every tensor on the first step of delayed scaling."""
+        recipe = self.recipe  # (two isinstance calls: Dynamo refuses a union inside a tuple)
+        return isinstance(recipe, CurrentScaling) or isinstance(recipe, BlockRecipe) or not self._initialized

@@ -1,4 +1,4 @@
-"""`Fp8Monitor`: per-layer, per-step FP8 numerics of a model's fp8mp.nn.Linear layers.
+"""`Fp8Monitor`: per-layer, per-step FP8 numerics of a model's fp8mp.nn.Linear (and Conv1D) layers.
 
     monitor = fp8mp.monitor.attach(model, every=10)   # hooks on every fp8mp.nn.Linear
     for step in range(steps):
@@ -27,6 +27,7 @@ import torch
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.training.cast_stats import CastCounts, count_cast_losses
 from fp8mp.scaling.fp8_meta import LinearTensor
+from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.linear import Linear
 
 __all__ = ["Fp8Monitor", "LayerStep", "attach"]
@@ -67,7 +68,7 @@ class Fp8Monitor:
             raise TypeError(f"Fp8Monitor: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"Fp8Monitor: argument 'every' must be an int >= 1, got {every!r}")
-        self.layers = {name or "<model>": m for name, m in model.named_modules() if isinstance(m, Linear)}
+        self.layers = {name or "<model>": m for name, m in model.named_modules() if isinstance(m, (Linear, Conv1D))}
         if not self.layers:
             raise ValueError("Fp8Monitor: argument 'model' has no fp8mp.nn.Linear modules to monitor")
         self.every, self.grads = every, grads

@@ -57,7 +57,8 @@ def test_model_init_and_flag_choose_the_storage():
     assert not opted_out.stores_fp8_weight and not nested_off.stores_fp8_weight and not fp8mp.nn.Linear(16, 8).stores_fp8_weight
     assert isinstance(plain_torch.weight, torch.nn.Parameter)
     assert inside.weight is None and inside.weight_fp8.dtype == torch.float8_e4m3fn
-    assert set(inside.state_dict()) == {"bias", "weight_fp8", "weight_scale", "weight_scale_inv", "fp8_meta._extra_state"}
+    assert set(inside.state_dict()) == {"bias", "weight_fp8", "weight_scale", "weight_scale_inv", "fp8_meta.amax",
+                                    "fp8_meta.amax_history", "fp8_meta.scale", "fp8_meta.scale_inv", "fp8_meta.initialized"}
     assert [name for name, _ in inside.named_parameters()] == ["bias"]
 
 

@@ -82,7 +82,8 @@ def test_outside_autocast_and_current_scaling_run_unfused():
 
 def test_state_dict_keys_and_bad_arguments():
     module = fp8mp.nn.LayerNormLinear(32, 16)
-    assert set(module.state_dict()) == {"norm.weight", "norm.bias", "linear.weight", "linear.bias", "linear.fp8_meta._extra_state"}
+    assert set(module.state_dict()) == {"norm.weight", "norm.bias", "linear.weight", "linear.bias",
+                                     *(f"linear.fp8_meta.{n}" for n in ("amax", "amax_history", "scale", "scale_inv", "initialized"))}
     with pytest.raises(ValueError, match="'normalization'"):
         fp8mp.nn.LayerNormLinear(32, 16, normalization="BatchNorm")
     with pytest.raises(ValueError, match="'eps'"):

@@ -49,8 +49,9 @@ def test_outside_autocast_is_exactly_nn_linear():
 def test_state_dict_keys_and_loading_nn_linear_checkpoint():
     ref = torch.nn.Linear(48, 16)
     fp8 = fp8mp.nn.Linear(48, 16)
-    # torch's keys plus the FP8 scaling state (see test_convert.py for checkpoints)
-    assert list(fp8.state_dict().keys()) == [*ref.state_dict().keys(), "fp8_meta._extra_state"]
+    # torch's keys plus the FP8 scaling state, all tensors (see tests/nn/test_checkpoints.py)
+    assert list(fp8.state_dict().keys()) == [*ref.state_dict().keys(), "fp8_meta.amax", "fp8_meta.amax_history",
+                                             "fp8_meta.scale", "fp8_meta.scale_inv", "fp8_meta.initialized"]
     fp8.load_state_dict(ref.state_dict(), strict=True)
     assert torch.equal(fp8.weight, ref.weight) and torch.equal(fp8.bias, ref.bias)
     no_bias = fp8mp.nn.Linear(48, 16, bias=False)
@@ -234,7 +235,9 @@ def test_model_dtype_conversion_keeps_fp8_state_in_fp32():
     model = torch.nn.Sequential(fp8mp.nn.Linear(32, 32), torch.nn.GELU(), fp8mp.nn.Linear(32, 16)).bfloat16()
     assert model[0].weight.dtype == torch.bfloat16
     for layer in (model[0], model[2]):
-        assert all(b.dtype == torch.float32 for b in layer.fp8_meta.buffers())
+        assert {name: b.dtype for name, b in layer.fp8_meta.named_buffers()} == {
+            "amax": torch.float32, "amax_history": torch.float32, "scale": torch.float32, "scale_inv": torch.float32,
+            "initialized": torch.bool, "fp8_max": torch.float32, "step_amax": torch.float32}
     for _ in range(2):
         out, dx = run_step(model, torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16),
                            DelayedScaling())

@@ -217,3 +217,16 @@ def test_bad_arguments():
         fp8mp.monitor.attach(make_mlp(), every=0)
     with pytest.raises(KeyError, match="'field'"):
         fp8mp.monitor.attach(make_mlp()).history("0", "amax")
+
+
+def test_monitor_records_conv1d_layers_with_their_scales():
+    model = torch.nn.Sequential(fp8mp.nn.Conv1D(32, 16), torch.nn.GELU(), fp8mp.nn.Linear(32, 16))
+    monitor = fp8mp.monitor.attach(model)
+    x = torch.randn(8, 16) * 3
+    with fp8mp.fp8_autocast(fp8_recipe=CurrentScaling()):
+        model(x).sum().backward()
+    rows = {row.layer: row for row in monitor.record_step()}
+    assert set(rows) == {"0", "2"}
+    assert rows["0"].amax_input == x.abs().max().item()
+    assert rows["0"].amax_weight == model[0].weight.abs().max().item()
+    assert rows["0"].scale_input == model[0].fp8_meta.scale[0].item() == (torch.tensor(448.0) / x.abs().max()).item()

@@ -141,7 +141,7 @@ def test_injected_inf_gradient_is_skipped_and_leaves_weights_untouched():
     handle.remove()
     assert loss == loss and abs(loss) != float("inf")  # the loss itself was finite
     for key, value in trainer.model.state_dict().items():
-        if isinstance(value, torch.Tensor):
+        if ".fp8_meta." not in key:  # the step's amaxes were recorded; the weights must not move
             assert torch.equal(value, before[key]), key
     assert trainer.optimizer.state_dict()["state"][0]["step"] == optimizer_before["state"][0]["step"]
     assert trainer.scaler.get_scale() == 512.0 and trainer.scaler.num_skipped_steps == 1

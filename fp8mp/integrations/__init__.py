@@ -1,0 +1,6 @@
+"""Layer 5, integrations with other libraries: fp8mp.integrations.hf (Hugging Face transformers).
+May import every layer below. The libraries themselves are optional and imported only where
+used, so importing this package needs none of them."""
+from fp8mp.integrations import hf
+
+__all__ = ["hf"]
