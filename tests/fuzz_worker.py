@@ -4,7 +4,8 @@
 
 Random shapes (empty ones included), layouts (contiguous, transposed, huge-stride and stride-0
 views), dtypes, the meta device, and values with NaN, +-Inf, subnormals and +-0. At most one
-argument of a call is made bad on purpose (wrong dtype, shape or device, a bad format string). Every
+argument of a call is made bad on purpose (wrong dtype, shape or device, a bad format string, an
+amax overlapping the input it is computed from). Every
 call must either return what an independent reference returns (torch's own float8 casts, float64
 matmuls and norms, the paper's scaling rule) or, exactly when an argument was made bad, raise a
 RuntimeError / ValueError / TypeError whose message names that argument.
@@ -148,10 +149,12 @@ def fuzz_cast(data):
     x = draw(laid_out(draw(floats_tensor(shape, dtype))))
     scale = scalar(draw(st.sampled_from([1.0, 0.5, 3.7, 2.0**-10, 2.0**20, 0.0, math.inf, math.nan, -2.0])))
     args = {"x": x, "scale": scale, "amax": torch.full((1,), -1.0), "fmt": fmt}
+    bad_amax = [torch.zeros(1, dtype=torch.float64), torch.zeros(3), torch.zeros(1, device="meta")]
+    if x.dtype == torch.float32 and x.numel():
+        bad_amax.append(x.as_strided((1,), (1,), x.storage_offset()))  # written in place over x's first element
     bad = corrupt(draw, args, {"x": [x.to(d) for d in BAD_DTYPES], "scale": [scale.double(), torch.ones(2), torch.ones(0),
                                                                             scale.to("meta")],
-                               "amax": [torch.zeros(1, dtype=torch.float64), torch.zeros(3), torch.zeros(1, device="meta")],
-                               "fmt": ["e3m4", "fp8", ""]})
+                               "amax": bad_amax, "fmt": ["e3m4", "fp8", ""]})
     meta = bad is None and draw(st.booleans())
     if meta:
         args = dict(zip(args, to_meta(args.values())))
