@@ -107,15 +107,15 @@ def test_non_finite_fp8_cast_skips_the_step_and_names_the_layer(recipe, where, v
         with torch.no_grad():
             model[2].weight[4, 9] = value
     handle = model[2].register_forward_hook(poison_grad_output(value)) if where == "grad_output" else None
-    weights, optimizer_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer_state = copy.deepcopy(optimizer.state_dict())
 
     loss, syncs = run_step(model, optimizer, scaler, x, recipe)
 
     print(f"{where}={value}: loss {loss}, found {[(c.tensors) for c in scaler.nonfinite_fp8_casts]}")
     assert syncs == 1  # the FP8 flags ride on the gradient check's one sync
-    for key, tensor in model.state_dict().items():  # nothing moved: weights (NaN where poisoned) and FP8 state
-        if isinstance(tensor, torch.Tensor):
-            assert torch.equal(tensor, weights[key]) or torch.equal(tensor.isnan(), weights[key].isnan()), key
+    for key, tensor in model.named_parameters():  # no weight moved (NaN where poisoned stays NaN)
+        assert torch.equal(tensor.nan_to_num(7.0), weights[key].nan_to_num(7.0)), key
     assert optimizer.state_dict()["state"][0]["step"] == optimizer_state["state"][0]["step"]
     assert scaler.num_skipped_steps == scaler.num_fp8_skipped_steps == 1 and scaler.get_scale() == 512.0
     layer, tensor = WHERE[where]
@@ -144,10 +144,10 @@ def test_inf_input_under_e4m3_has_a_finite_loss_and_gradients_yet_is_skipped():
         loss = model(x).square().mean()
     scaler.scale(loss).backward()
     assert math.isfinite(loss.item()) and all(bool(p.grad.isfinite().all()) for p in model.parameters())
-    before = copy.deepcopy(model.state_dict())
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
     assert scaler.step(optimizer) is None
     scaler.update()
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor))
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
 
 
 def test_a_layer_called_twice_is_skipped_when_only_its_first_call_met_an_inf():
