@@ -18,8 +18,9 @@ hf = pytest.importorskip("fp8mp.integrations.hf")
 
 STEPS = 24
 CHECKPOINT = STEPS // 2
-# FP8 vs BF16 final eval loss, relative: README documents the measured gap and the BF16 seed-to-seed spread.
-TOLERANCE = 0.03
+# FP8 vs BF16 final eval loss, relative. Measured here: 0.08% (GPT-2), 0.05% (Llama); the BF16
+# seed-to-seed spread is 1.25% and 1.43% (README, "Using with Hugging Face"): 1% stays inside that noise.
+TOLERANCE = 0.01
 
 
 def make_trainer(model, out_dir, seed: int = 0):
