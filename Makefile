@@ -1,6 +1,10 @@
 # Two commands do everything on a fresh machine:
 #   make demo   - create .venv, install pinned deps, build fp8mp, run the main example
-#   make test   - same set-up, then Catch2 (ctest), pytest and the user install (.ci/user_install.sh)
+#   make test   - same set-up, then Catch2 (ctest), pytest in .venv (torch 2.14.1), the user
+#                 install (.ci/user_install.sh), and the same fp8mp wheel installed into fresh
+#                 venvs with other torch versions (requirements-ci-torch*.txt), where the suite
+#                 runs again
+#   make wheel  - dist/fp8mp-*.whl: one wheel for CPython >= 3.10 and torch >= 2.11
 # FP8MP_CUDA=0 gives a quick CPU-only build; the default (auto) also compiles
 # the CUDA kernels when torch is a CUDA build and nvcc is present.
 SHELL := /bin/bash
@@ -10,7 +14,7 @@ PY := $(VENV)/bin/python
 FP8MP_CUDA ?= auto
 MAX_JOBS ?= 2
 export MAX_JOBS FP8MP_CUDA
-export TORCH_CUDA_ARCH_LIST ?= 8.9;9.0
+export TORCH_CUDA_ARCH_LIST ?= 8.9;9.0;10.0;12.0+PTX
 ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
 export CUDA_HOME ?= /usr/local/cuda
 endif
@@ -22,12 +26,23 @@ MODE_FILE := $(VENV)/.fp8mp-cuda-mode
 # Rewritten only when FP8MP_CUDA changes, so switching modes triggers a rebuild.
 $(shell mkdir -p $(VENV); [ "$$(cat $(MODE_FILE) 2>/dev/null)" = "$(FP8MP_CUDA)" ] || echo "$(FP8MP_CUDA)" > $(MODE_FILE))
 
-.PHONY: demo test test-cpp test-py user-install build bench system-deps clean
+# torch versions the wheel is also tested with, each from requirements-ci-torch<V>.txt in .venv-torch<V>.
+WHEEL_TORCHES ?= 211 215 213cpu
+# What those venvs run (paths under the copied tests/, pytest options): the tests of what the torch
+# version can change, the build and the ops through the stable ABI and a module on top (CI's 90
+# minutes do not hold four full runs of the suite; `make test-wheels WHEEL_TESTS="tests
+# --ignore=tests/test_packaging.py"` runs all of it).
+WHEEL_TESTS ?= tests/test_build.py tests/ops/test_cast.py tests/ops/test_gemm.py tests/ops/test_aliasing.py \
+  tests/ops/test_scale_update.py tests/nn/test_linear.py
+WHEEL_DIR := dist
+WHEEL_STAMP := $(VENV)/.wheel-stamp
+
+.PHONY: demo test test-cpp test-py test-wheels user-install user-install-source build wheel bench system-deps clean
 
 demo: build
 	$(PY) examples/train_gpt.py
 
-test: test-cpp test-py user-install
+test: test-cpp test-py user-install test-wheels
 
 system-deps:
 	@dpkg -s catch2 cmake >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq catch2 cmake; }
@@ -37,11 +52,21 @@ $(DEPS_STAMP): requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
+# One compilation: the in-place build (fp8mp/*.abi3.so, what pytest in the repo imports), then
+# the wheel packs the same objects, and .venv gets the wheel (what examples/ import).
 $(BUILD_STAMP): $(DEPS_STAMP) $(MODE_FILE) setup.py pyproject.toml $(wildcard csrc/* csrc/*/*)
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+$(WHEEL_STAMP): $(BUILD_STAMP)
+	rm -rf $(WHEEL_DIR) build/lib.*  # no stale files of an older build in the wheel
+	$(PY) setup.py -q bdist_wheel -d $(WHEEL_DIR)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --force-reinstall $(WHEEL_DIR)/fp8mp-*.whl
 	touch $@
 
 build: $(BUILD_STAMP)
+
+wheel: $(WHEEL_STAMP)
 
 test-cpp: system-deps $(DEPS_STAMP)
 	cmake -S . -B build/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
@@ -49,15 +74,32 @@ test-cpp: system-deps $(DEPS_STAMP)
 	cmake --build build/cmake -j $(MAX_JOBS)
 	ctest --test-dir build/cmake --output-on-failure
 
-test-py: build
+test-py: wheel
 	$(PY) -m pytest -q
 
-# A fresh venv, torch, `pip install .` (build isolation), import, quickstart, uninstall: what a user does.
-user-install:
+# The wheel in a fresh venv per torch version, the suite run from a copy of tests/ outside the
+# repo so that it imports the installed fp8mp, not the source tree.
+test-wheels: $(addprefix test-wheel-torch,$(WHEEL_TORCHES))
+
+test-wheel-torch%: wheel
+	@test -x .venv-torch$*/bin/python || $(PYTHON) -m venv .venv-torch$*
+	.venv-torch$*/bin/python -m pip install -q --disable-pip-version-check -r requirements-ci-torch$*.txt
+	.venv-torch$*/bin/python -m pip uninstall -q -y fp8mp 2>/dev/null || true
+	.venv-torch$*/bin/python -m pip install -q --disable-pip-version-check $(WHEEL_DIR)/fp8mp-*.whl
+	rm -rf build/wheel-tests-$* && mkdir -p build/wheel-tests-$* && cp -r tests examples pyproject.toml build/wheel-tests-$*/
+	cd build/wheel-tests-$* && ../../.venv-torch$*/bin/python -c 'import fp8mp, torch; print("torch", torch.__version__, "|", fp8mp.cuda_kernels_status())' \
+	  && ../../.venv-torch$*/bin/python -m pytest -q -p no:cacheprovider $(WHEEL_TESTS)
+
+# A fresh venv, torch, the wheel (the user's path), import, quickstart, uninstall: what a user does.
+user-install: wheel
+	FP8MP_WHEEL="$$(ls $(WHEEL_DIR)/fp8mp-*.whl)" .ci/user_install.sh
+
+# The same from source: `pip install .` with build isolation (compiles everything again: minutes).
+user-install-source:
 	.ci/user_install.sh
 
 bench: build
 	$(PY) benchmarks/bench_cast.py
 
 clean:
-	rm -rf build *.egg-info fp8mp/*.so $(VENV)
+	rm -rf build dist *.egg-info fp8mp/*.so fp8mp/ops/_build_info.py $(VENV) .venv-torch*

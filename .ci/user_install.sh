@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What a new user does, and nothing more: a fresh virtualenv, torch, `pip install .` with pip's
-# default build isolation (no dev requirements, no flags), import fp8mp, run the
-# quickstart, uninstall. The source is a copy of the checkout's files as a fresh clone has them
+# What a new user does, and nothing more: a fresh virtualenv, torch, fp8mp, import fp8mp, run the
+# quickstart, uninstall. fp8mp comes from FP8MP_WHEEL when set (the wheel of `make wheel`: the
+# user's path, `pip install fp8mp-*.whl`), else from `pip install .` with pip's default build
+# isolation (no dev requirements, no flags; `make user-install-source`). The source is a copy of the checkout's files as a fresh clone has them
 # (tracked and untracked, not ignored: no build/ or in-place .so), and everything runs outside it,
 # so the installed package is what imports.
 # The build is whatever `pip install .` does (FP8MP_CUDA and friends pass through if set).
@@ -20,11 +21,18 @@ PIP=("$WORK/venv/bin/python" -m pip --disable-pip-version-check --quiet)
 step "pip install $TORCH_SPEC"
 "${PIP[@]}" install "$TORCH_SPEC"
 torch_done=$SECONDS
-step "copy the source (as a fresh clone) to $WORK/src"
-mkdir "$WORK/src"
-git -C "$REPO" ls-files -z --cached --others --exclude-standard | (cd "$REPO" && xargs -0 cp --parents -t "$WORK/src")
-step "pip install . (in $WORK/src)"
-(cd "$WORK/src" && "${PIP[@]}" install .)
+if [ -n "${FP8MP_WHEEL:-}" ]; then
+    what="pip install $(basename "$FP8MP_WHEEL")"
+    step "$what"
+    "${PIP[@]}" install "$FP8MP_WHEEL"
+else
+    what="pip install ."
+    step "copy the source (as a fresh clone) to $WORK/src"
+    mkdir "$WORK/src"
+    git -C "$REPO" ls-files -z --cached --others --exclude-standard | (cd "$REPO" && xargs -0 cp --parents -t "$WORK/src")
+    step "pip install . (in $WORK/src)"
+    (cd "$WORK/src" && "${PIP[@]}" install .)
+fi
 install_s=$((SECONDS - torch_done))
 cd "$WORK"
 step "import fp8mp"
@@ -37,4 +45,4 @@ if "$WORK/venv/bin/python" -c "import fp8mp" 2>/dev/null; then
     echo "user_install: fp8mp still imports after pip uninstall" >&2
     exit 1
 fi
-step "done: pip install . took ${install_s}s, everything $((SECONDS - start))s"
+step "done: $what took ${install_s}s, everything $((SECONDS - start))s"

@@ -24,8 +24,7 @@ from timing import markdown_table, median_time, parse_size, where
 DEFAULT_SIZES = {"cpu": "1M,4M,16M,64M", "cuda": "1M,16M,64M,256M"}
 
 
-def bench_one(numel: int, dtype: torch.dtype, device: str, transpose: bool, fmt: str = "e4m3") -> dict:
-    cols = 4096
+def bench_one(numel: int, dtype: torch.dtype, device: str, transpose: bool, fmt: str = "e4m3", cols: int = 4096) -> dict:
     x = torch.randn(max(1, numel // cols), cols, dtype=dtype, device=device)
     scale = torch.tensor([2.0], device=device)
     amax = torch.zeros(1, device=device)
@@ -55,9 +54,17 @@ def bench_one(numel: int, dtype: torch.dtype, device: str, transpose: bool, fmt:
     }
 
 
-def run(device: str, sizes: str | None = None, dtype: str = "float32", transpose: bool = False) -> list[dict]:
+def run(device: str, sizes: str | None = None, dtype: str = "float32", transpose: bool = False,
+        cols: int = 4096) -> list[dict]:
     numels = [parse_size(s) for s in (sizes or DEFAULT_SIZES[device]).split(",")]
-    return [bench_one(n, getattr(torch, dtype), device, transpose) for n in numels]
+    return [bench_one(n, getattr(torch, dtype), device, transpose, cols=cols) for n in numels]
+
+
+def goal_line(rows: list[dict], goal: float) -> str:
+    """'goal ... met' / 'NOT met' for the bandwidth of fp8mp against x.clone()'s, per row."""
+    worst = min(r["bandwidth_vs_clone"] for r in rows)
+    verdict = "met" if worst >= goal else "NOT met"
+    return f"goal: bandwidth >= {goal:.0%} of x.clone(): {verdict} (worst {worst:.0%})"
 
 
 def table(rows: list[dict], device: str) -> str:
@@ -76,10 +83,15 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="comma-separated element counts, e.g. 1M,16M")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--transpose", action="store_true", help="benchmark cast_to_fp8_transpose")
+    parser.add_argument("--cols", type=int, default=4096, help="columns of the 2-D input (rows = elements / cols)")
+    parser.add_argument("--goal", type=float, default=None, help="print whether bandwidth vs clone reaches this")
     args = parser.parse_args()
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         raise SystemExit("--device cuda: no CUDA device or fp8mp was built without CUDA kernels")
-    print(table(run(args.device, args.sizes, args.dtype, args.transpose), args.device))
+    rows = run(args.device, args.sizes, args.dtype, args.transpose, args.cols)
+    print(table(rows, args.device))
+    if args.goal is not None:
+        print(goal_line(rows, args.goal))
 
 
 if __name__ == "__main__":

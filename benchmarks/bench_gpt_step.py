@@ -29,21 +29,19 @@ DEFAULTS = {"cpu": dict(layers=4, d_model=256, batch_size=8), "cuda": dict(layer
 
 
 def run(device: str, layers: int | None = None, d_model: int | None = None, batch_size: int | None = None) -> list[dict]:
-    if device != "cpu":
-        raise SystemExit("bench_gpt_step: the example's train_step autocasts on CPU; run it with --device cpu")
     defaults = DEFAULTS[device]
     config = GPTConfig(n_layers=layers or defaults["layers"], d_model=d_model or defaults["d_model"])
     batch = batch_size or defaults["batch_size"]
     gen = torch.Generator().manual_seed(0)
-    x = torch.randint(0, config.vocab_size, (batch, config.context), generator=gen)
-    y = torch.randint(0, config.vocab_size, (batch, config.context), generator=gen)
+    x = torch.randint(0, config.vocab_size, (batch, config.context), generator=gen).to(device)
+    y = torch.randint(0, config.vocab_size, (batch, config.context), generator=gen).to(device)
     recipe = DelayedScaling(amax_history_len=16)
     times = {}
     for key, precision in PRECISIONS.items():
         torch.manual_seed(0)
-        model = GPT(config)
+        model = GPT(config).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        times[key] = median_time(lambda: train_step(model, optimizer, x, y, precision, recipe, 1.0), device,
+        times[key] = median_time(lambda: train_step(model, optimizer, x, y, precision, recipe, 1.0, device), device,
                                  min_repeats=5, min_seconds=1.0)
     shape = f"{config.n_layers} layers, d={config.d_model}, {batch}x{config.context} tokens"
     return [{"shape": shape, **{f"{k}_ms": t * 1e3 for k, t in times.items()}}]

@@ -30,6 +30,7 @@ BENCHMARKS = [
     ("cast", "bench_cast", {}),
     ("cast_transpose", "bench_cast", {"transpose": True}),
     ("gemm", "bench_gemm", {}),
+    ("gemm_paths", "bench_gemm_paths", {}),
     ("norm", "bench_norm", {}),
     ("linear", "bench_linear", {}),
     ("gpt_step", "bench_gpt_step", {}),
@@ -40,8 +41,22 @@ QUICK = {
     "cast": {"sizes": "1M,16M"},
     "cast_transpose": {"sizes": "1M,16M"},
     "gemm": {"sizes": "512x1024x1024"},
+    "gemm_paths": {"sizes": "512x1024x1024"},
     "linear": {"shapes": "4096x1024x1024"},
 }
+
+
+def cpu_matrix_units() -> str:
+    """The CPU's vector and bf16/fp16 matrix units, from /proc/cpuinfo's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return "CPU flags unknown"
+    wanted = ["avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile"]
+    present = [name for name in wanted if name in flags]
+    units = "bf16 matrix units: " + ("yes" if {"avx512_bf16", "amx_bf16"} & flags else "none")
+    return f"{units} (flags: {' '.join(present) or 'none of ' + ' '.join(wanted)})"
 
 
 def machine_description(device: str) -> str:
@@ -52,6 +67,8 @@ def machine_description(device: str) -> str:
     except (OSError, StopIteration):
         pass
     desc = f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    if device == "cpu":
+        desc += f"; {cpu_matrix_units()}; fp8_gemm CPU path: {fp8mp.ops.cpu_gemm_path()}"
     if device == "cuda":
         desc += f"; GPU {torch.cuda.get_device_name()}"
     return f"{desc}; torch {torch.__version__}; fp8mp {fp8mp.__version__}; Python {platform.python_version()}"

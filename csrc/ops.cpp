@@ -1,10 +1,11 @@
 // The one schema file: every fp8mp op is declared here, once. Device
-// implementations live in each family's folder, csrc/<family>/<family>_cpu.cpp and
-// _cuda.cu (TORCH_LIBRARY_IMPL); fake (meta) kernels and autograd in Python, in the
-// family's module of fp8mp/ops/ (cast.py, gemm.py, norm.py, scale_update.py).
-#include <torch/library.h>
+// implementations live in each family's folder: torch-free kernels in
+// <family>_cpu_kernels.cpp / _cuda_kernels.cu, their torch glue (checks, allocation,
+// STABLE_TORCH_LIBRARY_IMPL) in <family>_cpu.cpp / _cuda.cpp; fake (meta) kernels and autograd in Python, in the
+// family's module of fp8mp/ops/ (cast.py, gemm.py, norm.py, scale_update.py, blockwise.py).
+#include <torch/csrc/stable/library.h>
 
-TORCH_LIBRARY(fp8mp, m) {
+STABLE_TORCH_LIBRARY(fp8mp, m) {
   // y = saturate(round_nearest_even(x * scale)) in fmt; amax[0] = max|x| (NaN if x has a NaN).
   m.def("cast_to_fp8(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> Tensor");
   // Same, for a 2-D x, also returning the FP8 transpose (contiguous) from the same read of x.
@@ -38,4 +39,16 @@ TORCH_LIBRARY(fp8mp, m) {
   m.def("rmsnorm_fwd_fp8(Tensor x, Tensor? weight, float eps, bool zero_centered_gamma, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor out, Tensor rstd)");
   // Gradients of rmsnorm_fwd; grad_weight in weight's dtype, an empty float32 tensor without a weight.
   m.def("rmsnorm_bwd(Tensor grad_out, Tensor x, Tensor rstd, Tensor? weight, bool zero_centered_gamma) -> (Tensor grad_x, Tensor grad_weight)");
+
+  // Fine-grained (block) scaling, csrc/blockwise/. x [R, C] is cut into block_rows x block_cols tiles
+  // (edge tiles may be smaller, scaled as if zero-padded), each with its own scale from its own amax:
+  // data [R, C] in fmt; scale_inv [ceil(R / block_rows), ceil(C / block_cols)], row-major, float32
+  // (scale_mode "fp32": scale = fp8_max / amax; "pow2": that rounded down to a power of two) or
+  // float8_e8m0fnu ("e8m0_floor": OCP MX v1.0; "e8m0_rceil": the smallest 2^e >= amax / fp8_max).
+  m.def("block_quantize(Tensor x, int block_rows, int block_cols, str fmt, str scale_mode) -> (Tensor data, Tensor scale_inv)");
+  // out = sum over K chunks c of block_k: fp32(sum_{k in c} dec(a) * dec(b)) * (a_scale_inv[m / a_block_rows, c] *
+  // b_scale_inv[n / b_block_rows, c]), accumulated in fp32, plus bias, rounded once to out_dtype; a [M, K], b [N, K].
+  m.def(
+      "block_scaled_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, int a_block_rows, "
+      "int b_block_rows, int block_k, Tensor? bias, ScalarType out_dtype) -> Tensor");
 }

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8mp  # noqa: E402
 from corpus import make_corpus  # noqa: E402
 from gpt_model import GPT, GPTConfig  # noqa: E402
-from fp8mp.recipe import DelayedScaling, Format  # noqa: E402
+from fp8mp.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format, MXFP8Scaling, RowwiseScaling  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,16 @@ PRECISIONS = {
 }
 
 
+# --recipe: per-tensor (delayed, current; HYBRID) or fine-grained (rowwise, block, mxfp8; their E4M3 default).
+RECIPES = {
+    "delayed": DelayedScaling(fp8_format=Format.HYBRID),
+    "current": CurrentScaling(fp8_format=Format.HYBRID),
+    "rowwise": RowwiseScaling(),
+    "block": BlockScaling(),
+    "mxfp8": MXFP8Scaling(),
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimization and data settings shared by all runs."""
@@ -67,8 +77,11 @@ class TrainConfig:
     eval_batches: int = 4
     corpus_bytes: int = 400_000
     monitor_every: int = 5
+    recipe: str = "delayed"  # the FP8 run's recipe, a key of RECIPES
 
     def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"TrainConfig: argument 'recipe' must be one of {sorted(RECIPES)}, got {self.recipe!r}")
         for name in ("steps", "batch_size", "eval_every", "eval_batches", "corpus_bytes", "monitor_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -136,11 +149,11 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def precision_context(precision: Precision, recipe: DelayedScaling):
+def precision_context(precision: Precision, recipe: DelayedScaling, device_type: str = "cpu"):
     """torch.autocast (if any) around fp8mp.fp8_autocast; yields the fp8_autocast state."""
     stack = contextlib.ExitStack()
     if precision.autocast_dtype is not None:
-        stack.enter_context(torch.autocast("cpu", dtype=precision.autocast_dtype))
+        stack.enter_context(torch.autocast(device_type, dtype=precision.autocast_dtype))
     state = stack.enter_context(fp8mp.fp8_autocast(enabled=precision.fp8, fp8_recipe=recipe))
     return stack, state
 
@@ -163,9 +176,9 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Pre
     return sum(losses) / len(losses)
 
 
-def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float) -> tuple[float, int]:
+def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float, device_type: str = "cpu") -> tuple[float, int]:
     """One forward/backward/clip/update; returns (loss, number of modules that ran in FP8)."""
-    stack, state = precision_context(precision, recipe)
+    stack, state = precision_context(precision, recipe, device_type)
     with stack:
         _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)
@@ -183,7 +196,7 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
     torch.manual_seed(config.seed)
     model = GPT(model_config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
-    recipe = DelayedScaling(fp8_format=Format.HYBRID)
+    recipe = RECIPES[config.recipe]
     monitor = fp8mp.monitor.attach(model, every=config.monitor_every) if precision.fp8 else None
     result = RunResult(precision.name, [], [], [], [], peak_rss_mib=0.0)
     for step in tqdm(range(config.steps), desc=f"{precision.name:>4}", unit="step", dynamic_ncols=True, leave=True):
@@ -238,14 +251,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     parser.add_argument("--quick", action="store_true", help="2 layers, d=128, context 64, 30 steps: under a minute")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default=TrainConfig.recipe, help="the FP8 run's recipe")
     return parser.parse_args(argv)
 
 
 def configs_from(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
     if args.quick:
-        return GPTConfig(n_layers=2, d_model=128, n_heads=4, context=64), TrainConfig(steps=30, batch_size=8, eval_every=10, seed=args.seed)
+        return GPTConfig(n_layers=2, d_model=128, n_heads=4, context=64), TrainConfig(steps=30, batch_size=8, eval_every=10, seed=args.seed,
+                                                                                    recipe=args.recipe)
     model_config = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, context=args.context)
-    return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed, eval_every=min(TrainConfig.eval_every, args.steps))
+    return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
+                                     eval_every=min(TrainConfig.eval_every, args.steps), recipe=args.recipe)
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,7 @@
 """fp8mp: FP8 mixed-precision training for PyTorch.
 
 Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
-    fp8mp._C        the C++/CUDA ops (csrc/)
+    fp8mp._C        the C++/CUDA ops (csrc/: _C.abi3.so and _cuda_ops.abi3.so, loaded by fp8mp/ops/native.py)
     fp8mp.ops       their Python face: fakes, autograd, wrappers; formats
     fp8mp.scaling   recipes, Fp8Meta, fp8_autocast, amax reduction across ranks
     fp8mp.nn        modules, their autograd functions, convert, LoRA, FP8 weights
@@ -12,7 +12,8 @@ import sys as _sys
 
 from fp8mp import integrations, nn, ops, scaling, training
 from fp8mp.nn import convert, fp8_model_init, load_state_dict, unconvert
-from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available, fp8_gemm,
+from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available,
+                       cuda_kernels_status, fp8_gemm,
                        update_amax_history_and_scale)
 from fp8mp.scaling import distributed, recipe
 from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
@@ -35,6 +36,7 @@ __all__ = [
     "cast_from_fp8",
     "fp8_gemm",
     "cuda_kernels_available",
+    "cuda_kernels_status",
     "recipe",
     "update_amax_history_and_scale",
     "fp8_autocast",

@@ -1,44 +1,68 @@
 #include "common/op_checks.h"
 
-#include <c10/util/Exception.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cctype>
-#include <string>
+#include <cstdint>
 
 namespace fp8mp {
 
-Fp8Format parse_format(c10::string_view fmt, const char* op) {
-  std::string lower(fmt.begin(), fmt.end());
+namespace {
+
+// [first, last) bytes a strided tensor can touch: its data pointer plus the most
+// negative and most positive element offsets its strides reach.
+std::pair<uintptr_t, uintptr_t> byte_span(const Tensor& t) {
+  int64_t low = 0, high = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const auto element = int64_t(t.element_size());
+  return {base + uintptr_t(low * element), base + uintptr_t((high + 1) * element)};
+}
+
+}  // namespace
+
+Fp8Format parse_format(const std::string& fmt, const char* op) {
+  std::string lower = fmt;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   if (lower == "e4m3") return Fp8Format::E4M3;
-  if (lower == "e5m2") return Fp8Format::E5M2;
-  TORCH_CHECK_VALUE(false, op, ": argument 'fmt' must be 'e4m3' or 'e5m2', got '", std::string(fmt.begin(), fmt.end()), "'");
+  FP8MP_CHECK_VALUE(lower == "e5m2", op, ": argument 'fmt' must be 'e4m3' or 'e5m2', got '", fmt, "'");
+  return Fp8Format::E5M2;
 }
 
-at::ScalarType fp8_dtype(Fp8Format format) {
-  return format == Fp8Format::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+ScalarType fp8_dtype(Fp8Format format) { return format == Fp8Format::E4M3 ? kFloat8_e4m3fn : kFloat8_e5m2; }
+
+Fp8Format format_of(const Tensor& t, const char* op, const char* arg) {
+  if (t.scalar_type() == kFloat8_e4m3fn) return Fp8Format::E4M3;
+  FP8MP_CHECK(t.scalar_type() == kFloat8_e5m2, op, ": argument '", arg, "' must be float8_e4m3fn or float8_e5m2, got ",
+              dtype_str(t.scalar_type()));
+  return Fp8Format::E5M2;
 }
 
-Fp8Format format_of(const at::Tensor& t, const char* op, const char* arg) {
-  if (t.scalar_type() == at::kFloat8_e4m3fn) return Fp8Format::E4M3;
-  if (t.scalar_type() == at::kFloat8_e5m2) return Fp8Format::E5M2;
-  TORCH_CHECK(false, op, ": argument '", arg, "' must be float8_e4m3fn or float8_e5m2, got ", t.scalar_type());
+void check_scalar_tensor(const Tensor& t, const Tensor& like, const char* op, const char* arg) {
+  FP8MP_CHECK(t.scalar_type() == kFloat, op, ": argument '", arg, "' must be a 1-element float32 tensor, got dtype ",
+              dtype_str(t.scalar_type()));
+  FP8MP_CHECK_VALUE(t.numel() == 1, op, ": argument '", arg, "' must be a 1-element float32 tensor, got shape ",
+                    shape_str(t));
+  FP8MP_CHECK(same_device(t, like), op, ": argument '", arg, "' must be on the input's device ", device_str(like),
+              ", got ", device_str(t));
 }
 
-void check_scalar_tensor(const at::Tensor& t, const at::Tensor& like, const char* op, const char* arg) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat, op, ": argument '", arg,
-                   "' must be a 1-element float32 tensor, got dtype ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.numel() == 1, op, ": argument '", arg, "' must be a 1-element float32 tensor, got shape ",
-                    t.sizes());
-  TORCH_CHECK(t.device() == like.device(), op, ": argument '", arg, "' must be on the input's device ", like.device(),
-              ", got ", t.device());
+void check_high_precision_dtype(ScalarType dtype, const char* op, const char* arg) {
+  FP8MP_CHECK(dtype == kFloat || dtype == kBFloat16 || dtype == kHalf, op, ": argument '", arg,
+              "' must be float32, bfloat16 or float16, got ", dtype_str(dtype));
 }
 
-void check_high_precision_dtype(at::ScalarType dtype, const char* op, const char* arg) {
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": argument '", arg,
-                   "' must be float32, bfloat16 or float16, got ", dtype);
+void check_no_overlap(NamedTensor out, std::initializer_list<NamedTensor> inputs, const char* op) {
+  if (out.first->numel() == 0) return;
+  const auto [out_first, out_last] = byte_span(*out.first);
+  for (const auto& [input, name] : inputs) {
+    if (input == nullptr || !input->defined() || input->numel() == 0 || !same_device(*input, *out.first)) continue;
+    const auto [first, last] = byte_span(*input);
+    FP8MP_CHECK(last <= out_first || out_last <= first, op, ": argument '", out.second,
+                "' is written in place and must not share memory with '", name, "'");
+  }
 }
 
 }  // namespace fp8mp

@@ -1,9 +1,6 @@
 // Argument checks of fp8_gemm, shared by CPU and CUDA.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/string_view.h>
-
 #include <optional>
 
 #include "common/op_checks.h"
@@ -19,7 +16,6 @@ struct GemmFormats {
 // E5M2; 1-element fp32 scale_invs on that device; out_dtype fp32/bf16/fp16;
 // bias, when given, [N] of dtype out_dtype on that device. Dtype and device
 // errors raise RuntimeError, shape errors ValueError, each naming the argument.
-GemmFormats check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scale_inv, const at::Tensor& b,
-                                const at::Tensor& b_scale_inv, const std::optional<at::Tensor>& bias,
-                                at::ScalarType out_dtype);
+GemmFormats check_fp8_gemm_args(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,
+                                const std::optional<Tensor>& bias, ScalarType out_dtype);
 }  // namespace fp8mp

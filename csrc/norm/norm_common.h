@@ -1,15 +1,13 @@
 // Arithmetic shared by the CPU and CUDA LayerNorm / RMSNorm kernels, so that
 // both devices evaluate the same fp32 expressions in the same order (the build
-// disables contraction: -ffp-contract=off, --fmad=false), plus host-side
-// preparation of the gain and bias vectors.
+// disables contraction: -ffp-contract=off, --fmad=false), and the arguments of
+// their torch-free entry points. Standard library only.
 #pragma once
 
-#include <ATen/ATen.h>
-
 #include <cmath>
-#include <optional>
 
 #include "common/fp8_format.h"
+#include "common/half_types.h"
 
 namespace fp8mp {
 
@@ -44,23 +42,46 @@ FP8MP_HOST_DEVICE float norm_grad_x(float dy, float xhat, float mean_dy, float m
   return (centered - xhat * mean_dy_xhat) * rstd;
 }
 
-// The effective gain as a contiguous fp32 vector of length H: weight, 1 + weight
-// with zero_centered_gamma, or ones without a weight (gain 1 either way).
-inline at::Tensor norm_gain_fp32(const std::optional<at::Tensor>& weight, int64_t hidden, bool zero_centered_gamma,
-                                 const at::Tensor& like) {
-  const auto options = like.options().dtype(at::kFloat);
-  if (!weight.has_value()) return at::ones({hidden}, options);
-  at::Tensor g = weight->to(at::kFloat).contiguous();
-  return zero_centered_gamma ? g + 1.0f : g;
-}
+// The arguments of one norm forward, for LayerNorm (centered) or RMSNorm, on raw
+// row-major contiguous buffers of one device. weight / bias are [hidden] of their
+// own high-precision types or nullptr (RMSNorm has no bias); the effective gain is
+// weight, 1 + weight with zero_centered_gamma, or 1 without a weight.
+struct NormFwdArgs {
+  bool centered;
+  const void* x;  // [rows, hidden] of x_type
+  HpType x_type;
+  int64_t rows, hidden;
+  const void* weight;
+  HpType weight_type;
+  const void* bias;
+  HpType bias_type;
+  bool zero_centered_gamma;
+  float eps;
+  float* mean;  // [rows], LayerNorm only
+  float* rstd;  // [rows]
+  void* out;    // [rows, hidden] of x_type, or FP8 codes when fp8
+  bool fp8;
+  Fp8Format format;
+  const float* scale;  // fp8 only: 1 value
+  float* amax;         // fp8 only: 1 value, max |out in x_type| written
+};
 
-inline at::Tensor norm_bias_fp32(const std::optional<at::Tensor>& bias) {
-  return bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-}
-
-// Shape of mean and rstd: x.shape[:-1].
-inline std::vector<int64_t> norm_stats_shape(const at::Tensor& x) {
-  return std::vector<int64_t>(x.sizes().begin(), x.sizes().end() - 1);
-}
+// The arguments of one norm backward: grad_x, and with a weight grad_weight / grad_bias
+// (LayerNorm only) of weight_type, summed over rows.
+struct NormBwdArgs {
+  bool centered;
+  const void* grad_out;  // [rows, hidden] of x_type
+  const void* x;
+  HpType x_type;
+  int64_t rows, hidden;
+  const void* weight;
+  HpType weight_type;
+  bool zero_centered_gamma;
+  const float* mean;  // [rows], LayerNorm only
+  const float* rstd;  // [rows]
+  void* grad_x;       // [rows, hidden] of x_type
+  void* grad_weight;  // [hidden] of weight_type, with a weight
+  void* grad_bias;    // [hidden] of weight_type, with a weight, LayerNorm only
+};
 
 }  // namespace fp8mp

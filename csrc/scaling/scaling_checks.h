@@ -1,20 +1,15 @@
 // Argument checks of update_amax_history_and_scale, shared by CPU and CUDA.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/string_view.h>
-
-#include <optional>
+#include <string>
 
 #include "common/op_checks.h"
+#include "scaling/scaling_rule.h"
 
 namespace fp8mp {
 
-// How update_amax_history_and_scale turns a column of the history into the amax a scale is computed from.
-enum class AmaxComputeAlgo : int { Max = 0, MostRecent = 1 };
-
 // "max" / "most_recent". Anything else raises ValueError naming `amax_compute_algo`.
-AmaxComputeAlgo parse_amax_compute_algo(c10::string_view algo, const char* op);
+AmaxComputeAlgo parse_amax_compute_algo(const std::string& algo, const char* op);
 
 // Sizes of one group of T tensors whose amax history is H rows long.
 struct AmaxHistoryShape {
@@ -25,11 +20,10 @@ struct AmaxHistoryShape {
 // All checks of update_amax_history_and_scale: contiguous float32 tensors on
 // one device with shapes amax [T], amax_history [H, T], scale / scale_inv /
 // fp8_max [T]; the three mutated tensors overlap neither each other nor the
-// inputs; margin >= 0; a known algo. dtype, layout and device errors are
-// RuntimeError, shape and value errors ValueError, each naming the argument.
-AmaxHistoryShape check_update_amax_history_args(const at::Tensor& amax, const at::Tensor& amax_history,
-                                                const at::Tensor& scale, const at::Tensor& scale_inv,
-                                                const at::Tensor& fp8_max, int64_t margin,
-                                                c10::string_view amax_compute_algo, AmaxComputeAlgo* algo);
+// inputs; margin >= 0; a known algo. dtype, layout, device and aliasing errors
+// are RuntimeError, shape and value errors ValueError, each naming the argument.
+AmaxHistoryShape check_update_amax_history_args(const Tensor& amax, const Tensor& amax_history, const Tensor& scale,
+                                                const Tensor& scale_inv, const Tensor& fp8_max, int64_t margin,
+                                                const std::string& amax_compute_algo, AmaxComputeAlgo* algo);
 
 }  // namespace fp8mp

@@ -10,6 +10,9 @@
 
 namespace fp8mp {
 
+// How update_amax_history_and_scale turns a column of the history into the amax a scale is computed from.
+enum class AmaxComputeAlgo : int { Max = 0, MostRecent = 1 };
+
 // 2^margin in fp32 (+Inf from margin 128 on, which makes every new scale 0 and so keeps the old one).
 inline float pow2_margin(int64_t margin) {
   return std::ldexp(1.0f, static_cast<int>(margin < 1000 ? margin : 1000));

@@ -25,7 +25,9 @@ from __future__ import annotations
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor
+from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
+from fp8mp.nn.block_linear_function import block_linear
+from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
@@ -39,17 +41,22 @@ def _col(t: torch.Tensor, index: int) -> torch.Tensor:
 
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, formats, grad_scale_fn, fp8_weight=None,
-                fp8_input=None, weight_in_out=False):
+    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, meta_step_amax, formats, grad_scale_fn,
+                lock, fp8_weight=None, fp8_input=None, weight_in_out=False, fast_accum=(True, False, False)):
         """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
+
+        meta_step_amax: Fp8Meta.step_amax, into which every cast's amax is folded (the step's
+        non-finite check), or None for a forward that records no gradient (evaluation).
 
         formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
         callable setting the grad_output scale from the gradient itself (current scaling).
+        lock: the module's Fp8Meta.lock(), held by backward around its scale update and cast.
         fp8_weight: None, or (w_fp8 [N,K] float8_e4m3fn, w_scale_inv [1]): a stored FP8 weight used
         instead of casting `weight`, which then only receives the gradient (it may be None).
         fp8_input: None, or (x_fp8, x_fp8_t) already cast with the INPUT scale (by a fused norm, see
         fp8mp/nn/norm_linear_function.py); `x2d` then only routes the input gradient.
         weight_in_out: `weight` is [K,N] (Conv1D) instead of [N,K]; not with fp8_weight.
+        fast_accum: (fprop, dgrad, wgrad) use_fast_accum of the three GEMMs (recipe.gemm_fast_accum).
         """
         forward_format, backward_format = formats
         if fp8_input is None:
@@ -65,16 +72,22 @@ class Fp8LinearFunction(torch.autograd.Function):
         else:  # stored FP8 weight; backward transposes it (saving one FP8 copy of the weight, not two)
             w_fp8, w_fp8_t = fp8_weight[0], None
             used_scale_inv = torch.cat((_col(meta_scale_inv, INPUT), fp8_weight[1]))
+        if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
+            written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
+            fold_amax_(meta_step_amax[:written], meta_amax[:written])
         out_bias = bias.to(x2d.dtype) if bias is not None else None
-        out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype)
+        out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype,
+                       fast_accum[0])
         ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
         # The scaling buffers are state, read and written in place by backward, not saved values: a module
         # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
-        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax)
+        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax, meta_step_amax)
         ctx.transpose_weight = w_fp8_t is None
         ctx.weight_in_out = weight_in_out
         ctx.backward_format = backward_format
         ctx.grad_scale_fn = grad_scale_fn
+        ctx.lock = lock
+        ctx.fast_accum = fast_accum
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
@@ -82,24 +95,36 @@ class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x_fp8_t, w_fp8_t, used_scale_inv = ctx.saved_tensors
-        meta_scale, meta_scale_inv, meta_amax = ctx.meta_buffers
+        meta_scale, meta_scale_inv, meta_amax, meta_step_amax = ctx.meta_buffers
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
-        if ctx.grad_scale_fn is not None:
-            ctx.grad_scale_fn(grad_out)
-        g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD), ctx.backward_format)
-        g_scale_inv = _col(meta_scale_inv, GRAD).clone()
+        with ctx.lock:
+            if ctx.grad_scale_fn is not None:
+                ctx.grad_scale_fn(grad_out)
+            g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD),
+                                                   ctx.backward_format)
+            g_scale_inv = _col(meta_scale_inv, GRAD).clone()
+            if meta_step_amax is not None:
+                fold_amax_(_col(meta_step_amax, GRAD), _col(meta_amax, GRAD))
         grad_x = grad_w = grad_b = None
+        _, dgrad_fast, wgrad_fast = ctx.fast_accum
         if ctx.needs_input_grad[0]:
-            grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, _col(used_scale_inv, WEIGHT), None, ctx.x_dtype)
+            grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, _col(used_scale_inv, WEIGHT), None, ctx.x_dtype, dgrad_fast)
         if ctx.needs_input_grad[1] and ctx.weight_in_out:  # dW [K,N] = x.T @ dy
-            grad_w = fp8_gemm(x_fp8_t, _col(used_scale_inv, INPUT), g_fp8_t, g_scale_inv, None, ctx.w_dtype)
+            grad_w = fp8_gemm(x_fp8_t, _col(used_scale_inv, INPUT), g_fp8_t, g_scale_inv, None, ctx.w_dtype,
+                              wgrad_fast)
         elif ctx.needs_input_grad[1]:  # dW [N,K] = dy.T @ x
-            grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype)
+            grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype,
+                              wgrad_fast)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None
+
+
+def step_amax_to_fold(meta: Fp8Meta) -> torch.Tensor | None:
+    """meta.step_amax when this forward records gradients (a training step LossScaler will check), else None."""
+    return meta.step_amax if torch.is_grad_enabled() else None
 
 
 def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
@@ -127,17 +152,24 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """y = x @ weight.T + bias in FP8 per `meta`'s recipe, for x of shape [..., K].
 
     fp8_weight: (w_fp8, w_scale_inv), a stored FP8 weight to use as it is; `weight` then only
-    receives the weight gradient (see Fp8LinearFunction.forward).
+    receives the weight gradient (see Fp8LinearFunction.forward). The caller holds `meta.lock()`.
     group: fp8_autocast's fp8_group (None: no reduction). Current scaling reduces each amax it
     computes; delayed scaling reduces the module's amaxes first when `ran_before` (the module
     already ran in this context: its last amaxes were not reduced at the context's entry).
     weight_in_out: `weight` is [K,N] (transformers' Conv1D layout), not [N,K].
     """
+    if isinstance(meta.recipe, BlockRecipe):  # fine-grained: scales per block, nothing in meta to update or reduce
+        if fp8_weight is not None:
+            raise NotImplementedError(f"fp8mp: a weight stored in FP8 (fp8_model_init) has one per-tensor scale; "
+                                      f"{type(meta.recipe).__name__} needs block scales, which FP8 weight storage "
+                                      "does not keep yet: store this layer's weight in high precision")
+        return block_linear(x, weight, bias, meta.recipe, (meta.format_of(INPUT), meta.format_of(GRAD)), weight_in_out)
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn, fp8_weight,
-                                  None, weight_in_out)
+    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
+                                  formats, grad_scale_fn, meta.lock(), fp8_weight, None, weight_in_out,
+                                  gemm_fast_accum(meta.recipe))
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

@@ -33,6 +33,7 @@ not training its weight: build the optimizer first, or use `.eval()` / `torch.no
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 import torch
@@ -47,24 +48,32 @@ __all__ = ["fp8_model_init", "is_fp8_model_init", "quantize_weight_", "decode_we
 WEIGHT_FORMAT = "e4m3"
 WEIGHT_DTYPE = torch.float8_e4m3fn
 
-_INIT_STACK: list[bool] = []
+class _ThreadInitContexts(threading.local):
+    """This thread's open fp8_model_init contexts (threading.local, like fp8_autocast's)."""
+
+    def __init__(self) -> None:
+        self.stack: list[bool] = []
+
+
+_INIT_CONTEXTS = _ThreadInitContexts()
 
 
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True) -> Iterator[None]:
-    """fp8mp modules created inside the block store their weights in FP8 (unless they say otherwise)."""
+    """fp8mp modules created inside the block, in this thread, store their weights in FP8 (unless they say otherwise)."""
     if not isinstance(enabled, bool):
         raise TypeError(f"fp8_model_init: argument 'enabled' must be a bool, got {type(enabled).__name__}")
-    _INIT_STACK.append(enabled)
+    _INIT_CONTEXTS.stack.append(enabled)
     try:
         yield
     finally:
-        _INIT_STACK.pop()
+        _INIT_CONTEXTS.stack.pop()
 
 
 def is_fp8_model_init() -> bool:
-    """True inside `fp8_model_init()` (the innermost context wins)."""
-    return bool(_INIT_STACK) and _INIT_STACK[-1]
+    """True inside `fp8_model_init()` in this thread (the innermost context wins)."""
+    stack = _INIT_CONTEXTS.stack
+    return bool(stack) and stack[-1]
 
 
 @torch.no_grad()

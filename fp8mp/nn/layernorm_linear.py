@@ -42,10 +42,11 @@ class LayerNormLinear(torch.nn.Module):
             return linear(self.norm(input))
         linear._check_input(input)
         meta = linear.fp8_meta
-        meta.configure(linear.fp8_recipe or autocast_state.get_fp8_recipe())
-        if linear.fp8_fallback or linear.stores_fp8_weight or meta.uses_current_scaling():
-            return linear(self.norm(input))
-        ran_before = autocast_state.record_module(linear)
-        return norm_fp8_linear(input, self.norm, linear.weight, linear.bias, meta, self.eps,
-                               is_layernorm=isinstance(self.norm, LayerNorm), group=autocast_state.get_fp8_group(),
-                               ran_before=ran_before)
+        with meta.lock():
+            meta.configure(linear.fp8_recipe or autocast_state.get_fp8_recipe())
+            if linear.fp8_fallback or linear.stores_fp8_weight or meta.uses_current_scaling():
+                return linear(self.norm(input))
+            ran_before = autocast_state.record_module(linear)
+            return norm_fp8_linear(input, self.norm, linear.weight, linear.bias, meta, self.eps,
+                                   is_layernorm=isinstance(self.norm, LayerNorm), group=autocast_state.get_fp8_group(),
+                                   ran_before=ran_before)

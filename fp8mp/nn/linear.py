@@ -51,13 +51,14 @@ class Linear(torch.nn.Linear):
         ran_before = autocast_state.record_module(self)
         if self.fp8_fallback:
             return self._high_precision_linear(input)
-        self.fp8_meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
         group = autocast_state.get_fp8_group()
-        if self.weight is None:
-            stored = (self.weight_fp8, self.weight_scale_inv)
-            return fp8_linear(input, self._weight_grad_leaf(), self.bias, self.fp8_meta, fp8_weight=stored,
-                              group=group, ran_before=ran_before)
-        return fp8_linear(input, self.weight, self.bias, self.fp8_meta, group=group, ran_before=ran_before)
+        with self.fp8_meta.lock():  # threads sharing this layer take turns from the scale update to the casts
+            self.fp8_meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
+            if self.weight is None:
+                stored = (self.weight_fp8, self.weight_scale_inv)
+                return fp8_linear(input, self._weight_grad_leaf(), self.bias, self.fp8_meta, fp8_weight=stored,
+                                  group=group, ran_before=ran_before)
+            return fp8_linear(input, self.weight, self.bias, self.fp8_meta, group=group, ran_before=ran_before)
 
     def _high_precision_linear(self, input: torch.Tensor) -> torch.Tensor:
         """F.linear in the input's dtype: the fallback path, and FP8-weight layers outside fp8_autocast."""

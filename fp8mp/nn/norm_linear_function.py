@@ -15,7 +15,8 @@ import torch
 
 from fp8mp.ops import norm as norm_ops
 from fp8mp.scaling.fp8_meta import Fp8Meta
-from fp8mp.nn.fp8_linear_function import INPUT, GRAD, Fp8LinearFunction, prepare_scales
+from fp8mp.scaling.recipe import gemm_fast_accum
+from fp8mp.nn.fp8_linear_function import INPUT, GRAD, Fp8LinearFunction, prepare_scales, step_amax_to_fold
 
 
 def _transpose_fp8(t: torch.Tensor) -> torch.Tensor:
@@ -58,7 +59,8 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
                     meta: Fp8Meta, eps: float, is_layernorm: bool, group=None, ran_before: bool = False) -> torch.Tensor:
     """linear(norm(x)) with the norm's output cast to FP8 inside the norm kernel (delayed scaling only).
 
-    group / ran_before: amax reduction across ranks, as for fp8mp.linear_function.fp8_linear.
+    group / ran_before: amax reduction across ranks, as for fp8mp.linear_function.fp8_linear. The caller
+    holds `meta.lock()`.
     """
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
     grad_scale_fn = prepare_scales(meta, None, weight, None, group, ran_before)
@@ -67,7 +69,8 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
         x2d, norm.weight, getattr(norm, "bias", None), eps, norm.zero_centered_gamma, is_layernorm,
         meta.scale[INPUT : INPUT + 1], meta.amax[INPUT : INPUT + 1], formats[0],
     )
-    out = Fp8LinearFunction.apply(route, weight, bias, meta.scale, meta.scale_inv, meta.amax, formats, grad_scale_fn,
-                                  None, (y_fp8, y_fp8_t))
+    out = Fp8LinearFunction.apply(route, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
+                                  formats, grad_scale_fn, meta.lock(), None, (y_fp8, y_fp8_t), False,
+                                  gemm_fast_accum(meta.recipe))
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -2,41 +2,47 @@
 
 The ops are declared once in csrc/ops.cpp (TORCH_LIBRARY(fp8mp, m)) and
 implemented per device in C++; argument checks live there too, so
-`torch.ops.fp8mp.*` called directly gives the same clear errors.
+`torch.ops.fp8mp.*` called directly gives the same clear errors. The fake kernels
+run the same checks (fp8mp/ops/checks.py), so do FakeTensor and torch.compile.
 """
 from __future__ import annotations
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
-from fp8mp.ops.format import FP8_DTYPES, normalize_format
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
+from fp8mp.ops.format import FP8_DTYPES
 
 __all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "cuda_kernels_available"]
 
 
 def cuda_kernels_available() -> bool:
-    """True when this build has fp8mp's CUDA kernels and a CUDA device is present."""
-    return torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key("fp8mp::cast_to_fp8", "CUDA")
+    """True when this build has fp8mp's CUDA kernels, they are loaded and a CUDA device is present
+    (native.cuda_kernels_status() says which is missing)."""
+    return native.cuda_library_loaded() and torch.cuda.is_available()
 
 
 @torch.library.register_fake("fp8mp::cast_to_fp8")
 def _cast_to_fp8_fake(x, scale, amax, fmt):
-    return torch.empty_like(x, dtype=FP8_DTYPES[normalize_format(fmt)], memory_format=torch.contiguous_format)
+    fmt = checks.check_cast_to_fp8_args(x, scale, amax, fmt, "fp8mp::cast_to_fp8")
+    return torch.empty_like(x, dtype=FP8_DTYPES[fmt], memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("fp8mp::cast_to_fp8_transpose")
 def _cast_to_fp8_transpose_fake(x, scale, amax, fmt):
-    torch._check(x.dim() == 2, lambda: f"fp8mp::cast_to_fp8_transpose: argument 'x' must be 2-D, got {x.dim()}-D")
-    dtype = FP8_DTYPES[normalize_format(fmt)]
+    dtype = FP8_DTYPES[checks.check_cast_to_fp8_transpose_args(x, scale, amax, fmt)]
     rows, cols = x.shape
     return x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype)
 
 
 @torch.library.register_fake("fp8mp::cast_from_fp8")
 def _cast_from_fp8_fake(y, scale_inv, out_dtype):
+    checks.check_cast_from_fp8_args(y, scale_inv, out_dtype)
     return torch.empty_like(y, dtype=out_dtype, memory_format=torch.contiguous_format)
 
 
+@raising_value_errors
 def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3") -> torch.Tensor:
     """Cast `x` to FP8: ``saturate(round_nearest_even(x * scale))``, writing ``max|x|`` into `amax`.
 
@@ -53,6 +59,7 @@ def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: s
     return torch.ops.fp8mp.cast_to_fp8(x, scale, amax, fmt)
 
 
+@raising_value_errors
 def cast_to_fp8_transpose(
     x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +67,7 @@ def cast_to_fp8_transpose(
     return torch.ops.fp8mp.cast_to_fp8_transpose(x, scale, amax, fmt)
 
 
+@raising_value_errors
 def cast_from_fp8(y: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode FP8 `y` and multiply by `scale_inv` (1-element float32 tensor), returning `out_dtype`."""
     return torch.ops.fp8mp.cast_from_fp8(y, scale_inv, out_dtype)

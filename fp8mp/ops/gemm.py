@@ -1,31 +1,35 @@
 """FP8 GEMM: ``out = (a @ b.T) * (a_scale_inv * b_scale_inv) + bias``, as in nn.Linear.
 
 The op ``fp8mp::fp8_gemm`` is declared in csrc/ops.cpp and implemented with
-cuBLASLt on CUDA (csrc/gemm/gemm_cuda.cu) and as an fp32 emulation on CPU
-(csrc/gemm/gemm_cpu.cpp); both check their arguments in C++
+cuBLASLt on CUDA (csrc/gemm/gemm_cuda_kernels.cu) and as an exact emulation on CPU
+(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32, or to bf16 for MKL's bf16 GEMM where
+the CPU has bf16 matrix units, see cpu_gemm_path); both check their arguments in C++
 (csrc/gemm/gemm_checks.cpp: check_fp8_gemm_args).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 from typing import Optional
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
 
-__all__ = ["fp8_gemm"]
+__all__ = ["fp8_gemm", "cpu_gemm_path"]
 
 _OP = "fp8mp::fp8_gemm"
 
 
 @torch.library.register_fake(_OP)
 def _fp8_gemm_fake(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum=False):
-    torch._check(a.dim() == 2, lambda: f"{_OP}: argument 'a' must be 2-D [M, K], got {a.dim()}-D")
-    torch._check(b.dim() == 2, lambda: f"{_OP}: argument 'b' must be 2-D [N, K], got {b.dim()}-D")
-    torch._check(a.shape[1] == b.shape[1], lambda: f"{_OP}: argument 'b' must be [N, K] with K = a.size(1)")
+    checks.check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, bias, out_dtype)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
+@raising_value_errors
 def fp8_gemm(
     a: torch.Tensor,
     a_scale_inv: torch.Tensor,
@@ -59,3 +63,15 @@ def fp8_gemm(
     up to the order of the fp32 additions.
     """
     return torch.ops.fp8mp.fp8_gemm(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum)
+
+
+@functools.cache
+def cpu_gemm_path() -> str:
+    """The CPU path of fp8_gemm in this process, decided once (csrc/gemm/cpu_bf16_gemm.h):
+    ``"bf16"`` (FP8 decoded to bf16, MKL's bf16 x bf16 -> fp32 GEMM; chosen where the CPU has
+    AVX512-BF16 or AMX-BF16) or ``"fp32"`` (decoded to fp32, torch's fp32 GEMM). Both form every
+    product exactly and sum in fp32. The environment variable FP8MP_CPU_GEMM=fp32|bf16, read at
+    the first CPU fp8_gemm, forces one."""
+    query = ctypes.CDLL(native._library("_C")).fp8mp_cpu_gemm_path
+    query.restype = ctypes.c_char_p
+    return query().decode()

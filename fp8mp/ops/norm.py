@@ -1,7 +1,7 @@
 """LayerNorm / RMSNorm ops: fake kernels, autograd, and documented wrappers.
 
-The six ops are declared in csrc/ops.cpp and implemented in csrc/norm/norm_cpu.cpp
-and csrc/norm/norm_cuda.cu. All normalize over the last dimension H of ``x``, with
+The six ops are declared in csrc/ops.cpp and implemented in csrc/norm/norm_cpu_kernels.cpp
+and csrc/norm/norm_cuda_kernels.cu. All normalize over the last dimension H of ``x``, with
 statistics (mean, rstd) in fp32 whatever x's dtype (float32, bfloat16, float16):
 
 * ``layernorm_fwd``:  out = (x - mean) * rstd * g + bias
@@ -25,8 +25,10 @@ from typing import Optional
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
-from fp8mp.ops.format import FP8_DTYPES, normalize_format
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
+from fp8mp.ops.format import FP8_DTYPES
 
 __all__ = [
     "layer_norm",
@@ -57,31 +59,37 @@ def _param_grad_like(weight, x):
 
 @torch.library.register_fake("fp8mp::layernorm_fwd")
 def _layernorm_fwd_fake(x, weight, bias, eps, zero_centered_gamma):
+    checks.check_norm_fwd_args(x, weight, bias, eps, "fp8mp::layernorm_fwd")
     return _out_like(x), _stats_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::layernorm_fwd_fp8")
 def _layernorm_fwd_fp8_fake(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt):
-    return _out_like(x, FP8_DTYPES[normalize_format(fmt)]), _stats_like(x), _stats_like(x)
+    fmt = checks.check_norm_fwd_fp8_args(x, weight, bias, eps, scale, amax, fmt, "fp8mp::layernorm_fwd_fp8")
+    return _out_like(x, FP8_DTYPES[fmt]), _stats_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::layernorm_bwd")
 def _layernorm_bwd_fake(grad_out, x, mean, rstd, weight, zero_centered_gamma):
+    checks.check_norm_bwd_args(grad_out, x, mean, rstd, weight, "fp8mp::layernorm_bwd")
     return _out_like(x), _param_grad_like(weight, x), _param_grad_like(weight, x)
 
 
 @torch.library.register_fake("fp8mp::rmsnorm_fwd")
 def _rmsnorm_fwd_fake(x, weight, eps, zero_centered_gamma):
+    checks.check_norm_fwd_args(x, weight, None, eps, "fp8mp::rmsnorm_fwd")
     return _out_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::rmsnorm_fwd_fp8")
 def _rmsnorm_fwd_fp8_fake(x, weight, eps, zero_centered_gamma, scale, amax, fmt):
-    return _out_like(x, FP8_DTYPES[normalize_format(fmt)]), _stats_like(x)
+    fmt = checks.check_norm_fwd_fp8_args(x, weight, None, eps, scale, amax, fmt, "fp8mp::rmsnorm_fwd_fp8")
+    return _out_like(x, FP8_DTYPES[fmt]), _stats_like(x)
 
 
 @torch.library.register_fake("fp8mp::rmsnorm_bwd")
 def _rmsnorm_bwd_fake(grad_out, x, rstd, weight, zero_centered_gamma):
+    checks.check_norm_bwd_args(grad_out, x, None, rstd, weight, "fp8mp::rmsnorm_bwd")
     return _out_like(x), _param_grad_like(weight, x)
 
 
@@ -133,6 +141,7 @@ torch.library.register_autograd("fp8mp::rmsnorm_fwd", _rmsnorm_backward, setup_c
 # ---------------------------------------------------------------- wrappers
 
 
+@raising_value_errors
 def layer_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -158,6 +167,7 @@ def layer_norm(
     return torch.ops.fp8mp.layernorm_fwd(x, weight, bias, eps, zero_centered_gamma)[0]
 
 
+@raising_value_errors
 def layer_norm_fp8(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -178,6 +188,7 @@ def layer_norm_fp8(
     return torch.ops.fp8mp.layernorm_fwd_fp8(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt)
 
 
+@raising_value_errors
 def layer_norm_backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,
@@ -191,6 +202,7 @@ def layer_norm_backward(
     return torch.ops.fp8mp.layernorm_bwd(grad_out, x, mean, rstd, weight, zero_centered_gamma)
 
 
+@raising_value_errors
 def rms_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
@@ -206,6 +218,7 @@ def rms_norm(
     return torch.ops.fp8mp.rmsnorm_fwd(x, weight, eps, zero_centered_gamma)[0]
 
 
+@raising_value_errors
 def rms_norm_fp8(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -220,6 +233,7 @@ def rms_norm_fp8(
     return torch.ops.fp8mp.rmsnorm_fwd_fp8(x, weight, eps, zero_centered_gamma, scale, amax, fmt)
 
 
+@raising_value_errors
 def rms_norm_backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,

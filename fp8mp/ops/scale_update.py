@@ -1,13 +1,15 @@
 """Scale updates: the fused delayed-scaling op and the current-scaling rule.
 
 ``update_amax_history_and_scale`` is declared in csrc/ops.cpp and implemented
-in csrc/scaling/scaling_cpu.cpp / csrc/scaling/scaling_cuda.cu, which check the arguments.
+in csrc/scaling/scaling_{cpu,cuda}_kernels.*, whose glue (scaling_cpu.cpp / scaling_cuda.cpp) checks the arguments.
 """
 from __future__ import annotations
 
 import torch
 
-from fp8mp import _C  # noqa: F401  (loads the library and its registrations)
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import fp8_max_of
 
 __all__ = ["update_amax_history_and_scale", "compute_scale", "fp8_max_of"]
@@ -16,9 +18,10 @@ __all__ = ["update_amax_history_and_scale", "compute_scale", "fp8_max_of"]
 @torch.library.register_fake("fp8mp::update_amax_history_and_scale")
 def _update_amax_history_and_scale_fake(amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo):
     # Only mutates its (a!)/(b!)/(c!) arguments, which the schema declares.
-    return None
+    checks.check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo)
 
 
+@raising_value_errors
 def update_amax_history_and_scale(
     amax: torch.Tensor,
     amax_history: torch.Tensor,

@@ -48,6 +48,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from fp8mp.scaling.recipe import BlockRecipe
+
 __all__ = ["reduce_pending_amaxes", "remember_modules", "all_reduce_amax_", "reduce_module_amaxes"]
 
 # group -> {id(module): weakref(module)} of the fp8mp modules that ran in the last context with that group
@@ -85,7 +87,8 @@ def remember_modules(group, modules) -> None:
     """At a context's exit: its fp8mp modules' amaxes are to be reduced at the next entry with `group`."""
     pending = _PENDING.setdefault(group, {})
     for m in modules:
-        if hasattr(m, "fp8_meta"):
+        # The fine-grained recipes scale each block from its own values: no amax to agree on (recipe.py).
+        if hasattr(m, "fp8_meta") and not isinstance(m.fp8_meta.recipe, BlockRecipe):
             pending[id(m)] = weakref.ref(m)
 
 

@@ -6,14 +6,24 @@ one op call per step (`update_amax_history_and_scale`), not a loop per tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
+import threading
 
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Recipe
+from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 from fp8mp.ops.format import FP8_MAX
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
+    """step_amax <- max(step_amax, amax) in place, NaN-propagating: one kernel after a cast."""
+    torch.maximum(step_amax, amax, out=step_amax)
 
 
 class LinearTensor(enum.IntEnum):
@@ -59,7 +69,9 @@ class Fp8Meta(torch.nn.Module):
             amax_history_len, so a fresh module has the shapes a checkpoint of a trained one has.
         scale [T], scale_inv [T]: what the next casts use; scale_inv == 1 / scale.
         initialized [1] bool: a forward has set the scales from the data.
-    Not saved: fp8_max [T], the largest finite value of each tensor's format under the active recipe.
+    Not saved: fp8_max [T], the largest finite value of each tensor's format under the active recipe;
+        step_amax [T], max of every amax the casts that record gradients wrote since the last
+            `take_nonfinite()` (NaN if one met a NaN): what fp8mp.LossScaler checks once per step.
     """
 
     def __init__(self, num_tensors: int, backward_tensors: tuple[int, ...], device=None,
@@ -68,6 +80,7 @@ class Fp8Meta(torch.nn.Module):
         self.num_tensors = num_tensors
         self.backward_tensors = backward_tensors
         self.recipe: Recipe | None = None
+        self._lock = threading.RLock()
         factory = dict(dtype=torch.float32, device=device)
         self.register_buffer("amax", torch.zeros(num_tensors, **factory))
         self.register_buffer("amax_history", torch.zeros(history_len, num_tensors, **factory))
@@ -79,6 +92,26 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("initialized", torch.zeros(1, dtype=torch.bool, device=device))
         self._initialized = False
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
+        self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
+
+    # ------------------------------------------------------------ threads
+    # Threads sharing a model must not interleave one module's scale update, the casts that use
+    # the scales and the copies of scale_inv its GEMMs decode with: fp8mp modules hold this lock
+    # from the update to the last use, in forward and in backward. An RLock, so a module may nest.
+
+    def lock(self):
+        """This module's scaling lock (a no-op context while torch.compile traces: a compiled graph
+        takes no Python lock, so threads sharing a compiled FP8 model must take turns themselves)."""
+        return _NO_LOCK if torch.compiler.is_compiling() else self._lock
+
+    def __getstate__(self) -> dict:  # a lock cannot be copied or pickled; a copy gets its own
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._lock = threading.RLock()
 
     def _apply(self, fn, recurse=True):
         # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
@@ -88,7 +121,7 @@ class Fp8Meta(torch.nn.Module):
         return self
 
     # ------------------------------------------------------------ checkpoints
-    _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max")
+    _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max", "step_amax")
     STATE_KEYS = ("amax", "amax_history", "scale", "scale_inv", "initialized")
 
     def is_initialized(self) -> bool:
@@ -158,13 +191,24 @@ class Fp8Meta(torch.nn.Module):
 
     def reset_scaling(self) -> None:
         """Forget amaxes, history and scales: the next forward sets scales from the data, as on step 0."""
-        self.amax.zero_()
-        self.amax_history.zero_()
-        self.scale.fill_(1.0)
-        self.scale_inv.fill_(1.0)
-        self.initialized.fill_(False)
-        self._initialized = False
+        with self.lock():
+            self.amax.zero_()
+            self.amax_history.zero_()
+            self.scale.fill_(1.0)
+            self.scale_inv.fill_(1.0)
+            self.initialized.fill_(False)
+            self._initialized = False
+
+    def take_nonfinite(self) -> torch.Tensor:
+        """[T] bool, on this module's device: whether each tensor's casts met an Inf or NaN since the
+        last call (`step_amax`, which is then reset). No device->host sync."""
+        with self.lock():
+            flags = ~torch.isfinite(self.step_amax)
+            self.step_amax.zero_()
+        return flags
 
     def uses_current_scaling(self) -> bool:
-        """True under CurrentScaling, and for every tensor on the first step of delayed scaling."""
-        return isinstance(self.recipe, CurrentScaling) or not self._initialized
+        """True under CurrentScaling and the fine-grained recipes (scales from the tensor itself), and for
+        every tensor on the first step of delayed scaling."""
+        recipe = self.recipe  # (two isinstance calls: Dynamo refuses a union inside a tuple)
+        return isinstance(recipe, CurrentScaling) or isinstance(recipe, BlockRecipe) or not self._initialized

@@ -45,6 +45,7 @@ logger = logging.getLogger("fp8mp")
 class _LayerState:
     bad_steps: int = 0  # bad steps in a row while in FP8
     cooldown_left: int = 0  # steps still to run in high precision
+    total_bad_steps: int = 0  # every bad step so far
 
 
 def _fp8_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -83,8 +84,13 @@ class FallbackPolicy:
             state = self._states.get(name)
             layer.fp8_fallback = state is not None and state.cooldown_left > 0
 
-    def step(self, model: torch.nn.Module) -> None:
-        """Judge this step for every fp8mp layer of `model` and flip their `fp8_fallback` flags."""
+    def step(self, model: torch.nn.Module, nonfinite_layers=None) -> None:
+        """Judge this step for every fp8mp layer of `model` and flip their `fp8_fallback` flags.
+
+        nonfinite_layers: the names of the layers whose FP8 casts met an Inf/NaN in this step, when the
+        caller already knows them (fp8mp.Trainer passes what LossScaler found: no second sync); None
+        reads each layer's newest amax.
+        """
         watched = []
         for name, layer in _fp8_layers(model):
             state = self._states.setdefault(name, _LayerState())
@@ -93,8 +99,14 @@ class FallbackPolicy:
                     self._count_down(name, layer, state)
             else:
                 watched.append((name, layer, state))
-        for (name, layer, state), bad in zip(watched, self._bad_flags([layer for _, layer, _ in watched])):
+        if nonfinite_layers is None:
+            flags = self._bad_flags([layer for _, layer, _ in watched])
+        else:
+            named = set(nonfinite_layers)
+            flags = self._agreed(torch.tensor([name in named for name, _, _ in watched], dtype=torch.bool))
+        for (name, layer, state), bad in zip(watched, flags):
             state.bad_steps = state.bad_steps + 1 if bad else 0
+            state.total_bad_steps += bool(bad)
             if state.bad_steps >= self.max_bad_steps:
                 self._fall_back(name, layer, state)
 
@@ -103,8 +115,12 @@ class FallbackPolicy:
         if not layers:
             return []
         device = layers[0].fp8_meta.amax.device
-        flags = torch.stack([~torch.isfinite(layer.fp8_meta.amax).all().to(device, non_blocking=True) for layer in layers])
-        if self.fp8_group is not None:
+        return self._agreed(torch.stack([~torch.isfinite(layer.fp8_meta.amax).all().to(device, non_blocking=True)
+                                         for layer in layers]))
+
+    def _agreed(self, flags: torch.Tensor) -> list[bool]:
+        """`flags` as bools, each set when it is on any rank of fp8_group (one all_reduce)."""
+        if self.fp8_group is not None and flags.numel():
             flags = flags.to(torch.int32)
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self.fp8_group)
         return [bool(flag) for flag in flags.tolist()]
@@ -123,6 +139,10 @@ class FallbackPolicy:
         layer.fp8_fallback = False
         layer.fp8_meta.reset_scaling()
         logger.info("fp8mp: layer '%s' returns to FP8 after its high-precision cooldown", name)
+
+    def bad_step_counts(self) -> dict[str, int]:
+        """Every layer's number of bad steps (non-finite FP8 casts) so far, in FP8 or not."""
+        return {name: state.total_bad_steps for name, state in self._states.items()}
 
     def layers_in_fallback(self, model: torch.nn.Module) -> list[str]:
         """Names of `model`'s fp8mp layers now running in high precision."""

@@ -19,6 +19,15 @@ for Inf/NaN with one fused kernel per (device, dtype) and a single device->host
 sync, and does not call `optimizer.step()` when it finds one, so neither the
 weights nor the optimizer state (momenta, step counts) change.
 
+**Nor from a batch whose FP8 casts met an Inf or NaN.** E4M3 saturates ±Inf to ±448, so an
+Inf activation can leave the loss and every gradient finite. The same check therefore also
+looks at the amaxes every FP8 cast of the iteration recorded (forward and backward, of the
+fp8mp modules that ran a training forward in FP8 in this thread since the last check or the
+scaler's creation; see fp8mp/training/fp8_cast_check.py), synced together with the gradients'
+flag: still one sync. Use one scaler per thread for all models of a step, as with GradScaler.
+Such a step is skipped exactly like one with a non-finite gradient (the scale backs off), and
+`nonfinite_fp8_casts` says which modules, and which of their tensors, met the Inf/NaN.
+
 Works with any `torch.optim.Optimizer` and with `fp8mp.optim.MasterWeightOptimizer`
 (anything with `param_groups` and `step`).
 """
@@ -29,6 +38,9 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+
+from fp8mp.training import fp8_cast_check
+from fp8mp.training.fp8_cast_check import NonfiniteCast
 
 __all__ = ["LossScaler"]
 
@@ -64,7 +76,8 @@ class LossScaler:
         enabled: False makes every method a pass-through (scale(loss) is loss, step just steps).
 
     Counters: `num_steps` (iterations seen by `update`), `num_skipped_steps` (of which skipped for
-    a non-finite gradient). All of it is in `state_dict()`.
+    a non-finite gradient or FP8 cast), `num_fp8_skipped_steps` (of which an FP8 cast met an Inf/NaN).
+    All of it is in `state_dict()`.
     """
 
     def __init__(self, init_scale: float = 8192.0, growth_factor: float = 2.0, backoff_factor: float = 0.5,
@@ -86,7 +99,14 @@ class LossScaler:
         self._growth_tracker = 0
         self.num_steps = 0
         self.num_skipped_steps = 0
+        self.num_fp8_skipped_steps = 0
         self._per_optimizer: defaultdict[int, _OptimizerState] = defaultdict(_OptimizerState)
+        # This iteration's FP8 cast flags: gathered at its first unscale_, synced with the first step.
+        self._fp8_check: fp8_cast_check.PendingCheck | None = None
+        self._fp8_found: list[NonfiniteCast] | None = None
+        self._last_fp8_found: list[NonfiniteCast] = []
+        if enabled:
+            fp8_cast_check.forget()
 
     # ----------------------------------------------------------------------------- scale
     def is_enabled(self) -> bool:
@@ -135,8 +155,24 @@ class LossScaler:
             raise RuntimeError("LossScaler.unscale_: already called for this optimizer since the last update()")
         if state.stepped:
             raise RuntimeError("LossScaler.unscale_: called after step(); call update() first")
+        if self._fp8_check is None and self._fp8_found is None:
+            self._fp8_check = fp8_cast_check.gather()
+            if self._fp8_check is None:
+                self._fp8_found = []
         state.found_inf = self._unscale_grads(_grads_of(optimizer))
         state.unscaled = True
+
+    def _sync(self, found_inf: torch.Tensor | bool) -> bool:
+        """The iteration's one device->host sync: this optimizer's gradient flag and, the first
+        time, the FP8 cast flags with it. True when either found an Inf/NaN."""
+        check = self._fp8_check
+        if check is not None:
+            grad_flag = found_inf if isinstance(found_inf, torch.Tensor) else torch.tensor(found_inf)
+            values = torch.cat([grad_flag.reshape(1).to(check.flags.device, torch.bool), check.flags]).tolist()
+            found_inf, self._fp8_found, self._fp8_check = values[0], check.findings(values[1:]), None
+        elif isinstance(found_inf, torch.Tensor):
+            found_inf = found_inf.item()
+        return bool(found_inf) or bool(self._fp8_found)
 
     def _unscale_grads(self, grads: list[torch.Tensor]) -> torch.Tensor | bool:
         """Unscale `grads` with one fused op per (device, dtype); a 1-element 'found Inf/NaN' tensor."""
@@ -169,8 +205,7 @@ class LossScaler:
             raise RuntimeError("LossScaler.step: already called for this optimizer since the last update()")
         if not state.unscaled:
             self.unscale_(optimizer)
-        if isinstance(state.found_inf, torch.Tensor):
-            state.found_inf = bool(state.found_inf.item())  # the sync
+        state.found_inf = self._sync(state.found_inf)  # the sync
         state.stepped = True
         if state.found_inf:
             return None
@@ -184,11 +219,13 @@ class LossScaler:
             return
         if not self._per_optimizer:
             raise RuntimeError("LossScaler.update: no unscale_() or step() was recorded since the last update()")
-        found_inf = any(bool(s.found_inf) for s in self._per_optimizer.values())  # bools unless step() was skipped
+        found_inf = any([self._sync(s.found_inf) for s in self._per_optimizer.values()])  # bools after step()
+        self._last_fp8_found, self._fp8_found, self._fp8_check = self._fp8_found or [], None, None
         self._per_optimizer.clear()
         self.num_steps += 1
         if found_inf:
             self.num_skipped_steps += 1
+            self.num_fp8_skipped_steps += bool(self._last_fp8_found)
             self._growth_tracker = 0
             self._set_scale(max(self._scale_value * self._backoff_factor, self._min_scale))
             return
@@ -199,6 +236,12 @@ class LossScaler:
             if math.isfinite(grown) and grown <= torch.finfo(torch.float32).max:
                 self._set_scale(grown)
 
+    @property
+    def nonfinite_fp8_casts(self) -> list[NonfiniteCast]:
+        """The fp8mp modules whose FP8 casts met an Inf/NaN in the last `update()`d iteration (empty if
+        none did, or when disabled), each with the tensors concerned ("input", "weight", "grad_output")."""
+        return list(self._last_fp8_found)
+
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
         """Scale, factors, growth tracker and counters (empty when disabled, as GradScaler)."""
@@ -207,7 +250,8 @@ class LossScaler:
         return {"scale": self._scale_value, "growth_factor": self._growth_factor,
                 "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
                 "min_scale": self._min_scale, "growth_tracker": self._growth_tracker,
-                "num_steps": self.num_steps, "num_skipped_steps": self.num_skipped_steps}
+                "num_steps": self.num_steps, "num_skipped_steps": self.num_skipped_steps,
+                "num_fp8_skipped_steps": self.num_fp8_skipped_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore what `state_dict()` returned; ValueError naming the missing key otherwise."""
@@ -227,7 +271,9 @@ class LossScaler:
         self._growth_tracker = int(state_dict["growth_tracker"])
         self.num_steps = int(state_dict["num_steps"])
         self.num_skipped_steps = int(state_dict["num_skipped_steps"])
+        self.num_fp8_skipped_steps = int(state_dict.get("num_fp8_skipped_steps", 0))
         self._per_optimizer.clear()
+        self._fp8_check = self._fp8_found = None
 
 
 def _grads_of(optimizer) -> list[torch.Tensor]:

@@ -12,13 +12,18 @@ One step: forward under torch.autocast (bf16 activations, per config) and fp8mp.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
+import os
 from typing import Any, Callable, Iterable
 
 import torch
 from tqdm import tqdm
 
+from fp8mp.ops.validation import check_int
+from fp8mp.training import rng_state
+from fp8mp.training.checkpoint import CheckpointFolder
 from fp8mp.training.loss_scaler import LossScaler
 from fp8mp.scaling.autocast import fp8_autocast
 from fp8mp.nn.conversion import convert
@@ -35,6 +40,7 @@ logger = logging.getLogger("fp8mp")
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 _STATE_KEYS = ("model", "optimizer", "scaler", "step")
+_FP8_STATE = "fp8_meta."  # in the state_dict key of every FP8 scaling buffer or extra state
 
 
 def name_under(name: str, prefix: str) -> bool:
@@ -96,32 +102,147 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        nonfinite = self._log_nonfinite_fp8_casts()
         if self.fallback is not None:
-            self.fallback.step(self.model)
+            self.fallback.step(self.model, nonfinite_layers=nonfinite if self.scaler.is_enabled() else None)
         if self.monitor is not None:
             self.monitor.record_step()
         self.step += 1
         return loss.item()
 
-    def fit(self, batches: Iterable, loss_fn: LossFn, steps: int | None = None) -> list[float]:
+    def _log_nonfinite_fp8_casts(self) -> list[str]:
+        """Log (WARNING, "fp8mp" logger) the layers whose FP8 casts met an Inf/NaN in the step just skipped;
+        returns their names."""
+        found = self.scaler.nonfinite_fp8_casts
+        if not found:
+            return []
+        names = {id(module): name or "<root>" for name, module in self.model.named_modules()}
+        layers = [(names.get(id(cast.module), type(cast.module).__name__), cast.tensors) for cast in found]
+        logger.warning("fp8mp.Trainer: step %d skipped: FP8 casts met Inf/NaN in %s", self.step,
+                       ", ".join(f"'{name}' ({', '.join(tensors)})" for name, tensors in layers))
+        return [name for name, _ in layers]
+
+    def fit(self, batches: Iterable, loss_fn: LossFn, steps: int | None = None, *,
+            checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 100, keep_last: int = 3,
+            resume: bool | None = None) -> list[float]:
         """`train_step` on each batch (the first `steps` of them when given); returns the losses.
 
         A tqdm bar (config.progress_bar) shows the loss and the loss scale every config.log_every steps.
+
+        checkpoint_dir: save a kill-safe checkpoint there every `checkpoint_every` steps and at the end
+            (fp8mp/training/checkpoint.py: atomic, checksummed, the newest `keep_last` kept): model with its
+            FP8 scaling state, optimizer, loss scaler, fallback policy, step, every RNG, the position in
+            `batches` and the losses so far. Under torch.distributed every rank must call fit alike.
+        resume: continue from the newest checkpoint in checkpoint_dir that verifies (a corrupted or
+            truncated one is logged and skipped): `batches` is iterated from its start with the RNG state
+            the first run had there (a shuffling DataLoader deals the same order), the batches already
+            trained on are skipped, and the returned losses include theirs. Default: True when the folder
+            holds checkpoints. False refuses a folder with checkpoints (they would mix two runs).
         """
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"Trainer.fit: argument 'steps' must be None or an int >= 1, got {steps!r}")
+        run = self._start_run(checkpoint_dir, checkpoint_every, keep_last, resume)
+        iterator = iter(batches)  # after the start RNG is in place: a shuffling DataLoader draws its order here
+        if run.position:
+            for _ in itertools.islice(iterator, run.position):
+                pass
+            rng_state.restore(run.rng_now)
         total = steps if steps is not None else (len(batches) if hasattr(batches, "__len__") else None)
-        bar = tqdm(itertools.islice(batches, steps), total=total, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not self.config.progress_bar)
-        losses = []
+        todo = None if steps is None else max(steps - run.position, 0)
+        bar = tqdm(itertools.islice(iterator, todo), total=total, initial=run.position, desc="train", unit="step",
+                   dynamic_ncols=True, disable=not self.config.progress_bar)
+        losses = run.losses
         for batch in bar:
             losses.append(self.train_step(batch, loss_fn))
+            run.position += 1
             if len(losses) % self.config.log_every == 0 or len(losses) == total:
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", scale=f"{self.scaler.get_scale():g}")
+            if run.folder is not None and run.position % checkpoint_every == 0:
+                self._save_checkpoint(run)
         bar.close()
+        if run.folder is not None and run.saved_position != run.position:
+            self._save_checkpoint(run)
         if steps is not None and len(losses) < steps:
             logger.warning("fp8mp.Trainer.fit: argument 'batches' ran out after %d of %d steps", len(losses), steps)
         return losses
+
+    # ----------------------------------------------------------------------------- kill-safe runs
+    def _start_run(self, checkpoint_dir, checkpoint_every: int, keep_last: int, resume: bool | None) -> "_Run":
+        """A fresh run, or the one the newest valid checkpoint in checkpoint_dir left (RNG set for iter())."""
+        run = _Run(rng_at_start=rng_state.capture())
+        if checkpoint_dir is None:
+            return run
+        check_int("Trainer.fit: argument 'checkpoint_every'", checkpoint_every, 1)
+        if resume is not None and not isinstance(resume, bool):
+            raise ValueError(f"Trainer.fit: argument 'resume' must be None, True or False, got {resume!r}")
+        run.folder = CheckpointFolder(checkpoint_dir, keep_last)
+        has_checkpoints = bool(run.folder.steps())
+        if resume is False and has_checkpoints:
+            raise ValueError(f"Trainer.fit: argument 'checkpoint_dir' {str(checkpoint_dir)!r} holds checkpoints of an "
+                             "earlier run; pass resume=True to continue it, or an empty folder")
+        if not (resume or (resume is None and has_checkpoints)):
+            return run
+        sharded = self._sharded_state()
+        found = run.folder.load_newest(sharded)
+        if found is None:
+            logger.warning("fp8mp.Trainer.fit: no valid checkpoint in %s; starting from the beginning", checkpoint_dir)
+            return run
+        step, state = found
+        self._load_run_state(state, sharded)
+        run.position, run.saved_position, run.losses = state["position"], state["position"], list(state["losses"])
+        run.rng_at_start, run.rng_now = state["rng_at_start"], state["rng"]
+        rng_state.restore(run.rng_at_start)
+        logger.info("fp8mp.Trainer.fit: resumed from the checkpoint of step %d in %s", step, checkpoint_dir)
+        return run
+
+    def _sharded_state(self) -> dict | None:
+        """Under torch.distributed: the model and optimizer state dicts torch.distributed.checkpoint saves."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1):
+            return None
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise TypeError("Trainer.fit: distributed checkpoints need a torch.optim.Optimizer, got "
+                            f"{type(self.optimizer).__name__}")
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        # FP8 scaling state is per rank and changes shape with the recipe (the amax history): it goes into
+        # each rank's own file (see _save_checkpoint), not through torch.distributed.checkpoint.
+        model_state = {key: value for key, value in model_state.items() if _FP8_STATE not in key}
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def _save_checkpoint(self, run: "_Run") -> None:
+        sharded = self._sharded_state()
+        state = self.state_dict()
+        if sharded is not None:
+            # FP8 scaling state is per rank (without an fp8_group each rank scales from its own shard): each
+            # rank keeps its own in its file.
+            state["fp8_state"] = {name: m.fp8_meta.state_dict() for name, m in self.model.named_modules()
+                                  if hasattr(m, "fp8_meta")}
+            del state["model"], state["optimizer"]
+        else:
+            sharded = {"model": state.pop("model"), "optimizer": state.pop("optimizer")}
+        local = {**state, "position": run.position, "losses": list(run.losses), "rng": rng_state.capture(),
+                 "rng_at_start": run.rng_at_start}
+        run.folder.save(self.step, local, sharded)
+        run.saved_position = run.position
+
+    def _load_run_state(self, state: dict, sharded: dict) -> None:
+        if "sharded" in state:  # one process: everything came in one file
+            self.load_state_dict({**state, **state["sharded"]})
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        missing, unexpected = set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
+                                             optim_state_dict=sharded["optimizer"], options=StateDictOptions(strict=False))
+        missing = [key for key in missing if _FP8_STATE not in key]
+        if missing or unexpected:
+            raise RuntimeError(f"Trainer.fit: the checkpoint does not fit the model: missing {missing}, "
+                               f"unexpected {list(unexpected)}")
+        modules = dict(self.model.named_modules())
+        for name, fp8_state in state["fp8_state"].items():
+            modules[name].fp8_meta.load_state_dict(fp8_state)
+        self._load_loop_state(state)
 
     def evaluate(self, batches: Iterable, loss_fn: LossFn) -> float:
         """Mean loss over `batches`, in eval mode, without grad, in the training precision (monitor paused)."""
@@ -157,10 +278,26 @@ class Trainer:
             raise ValueError(f"Trainer.load_state_dict: argument 'state_dict' lacks keys {missing}")
         self.model.load_state_dict(state_dict["model"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
+        self._load_loop_state(state_dict)
+
+    def _load_loop_state(self, state_dict: dict) -> None:
+        """Everything of `state_dict()` but the model and the optimizer."""
         self.scaler.load_state_dict(state_dict["scaler"])
         self.step = int(state_dict["step"])
         if self.fallback is not None and state_dict.get("fallback") is not None:
             self.fallback.load_state_dict(state_dict["fallback"], self.model)
+
+
+@dataclasses.dataclass
+class _Run:
+    """Where one `fit` stands: its checkpoint folder, position in `batches`, losses, RNG states."""
+
+    rng_at_start: dict
+    folder: CheckpointFolder | None = None
+    position: int = 0
+    saved_position: int = 0
+    losses: list = dataclasses.field(default_factory=list)
+    rng_now: dict | None = None
 
 
 # --------------------------------------------------------------------------------- model preparation

@@ -13,14 +13,15 @@ import difflib
 import math
 from dataclasses import dataclass, field, fields
 
-from fp8mp.scaling.recipe import AMAX_COMPUTE_ALGOS, CurrentScaling, DelayedScaling, Format, Recipe
+from fp8mp.scaling.recipe import (AMAX_COMPUTE_ALGOS, BlockScaling, CurrentScaling, DelayedScaling, Format, MXFP8Scaling,
+                                  Recipe, RowwiseScaling)
 from fp8mp.ops.validation import check_int
 
 __all__ = ["TrainerConfig", "LoRAConfig"]
 
 PRECISIONS = ("fp8_mixed", "bf16", "fp32")
 FP8_FORMATS = ("E4M3", "HYBRID")  # E5M2 is refused, see _check_format
-SCALINGS = ("delayed", "current")
+SCALINGS = ("delayed", "current", "rowwise", "block", "mxfp8")
 ACTIVATION_DTYPES = ("bf16", "fp32")
 
 
@@ -107,7 +108,9 @@ class TrainerConfig:
 
     precision: "fp8_mixed" (fp8mp.nn.Linear in FP8 inside fp8_autocast), "bf16" (torch.autocast bf16) or "fp32".
     fp8_format: "HYBRID" (E4M3 forward, E5M2 gradients) or "E4M3"; "E5M2" is refused.
-    scaling: "delayed" (DelayedScaling: amax_history_len, amax_compute_algo, margin) or "current" (margin).
+    scaling: "delayed" (DelayedScaling: amax_history_len, amax_compute_algo, margin), "current" (margin), or
+        a fine-grained recipe with its defaults: "rowwise" (RowwiseScaling), "block" (BlockScaling, DeepSeek-V3's
+        1x128 / 128x128) or "mxfp8" (MXFP8Scaling, 1x32 E8M0); those ignore margin and the history keys.
     initial_scale, dynamic_loss_scaling, growth_interval: the LossScaler (disabled: a pass-through).
     lr, weight_decay: AdamW over the trainable parameters (when no optimizer is given).
     grad_clip: max global gradient norm, clipped in FP32 after unscaling; None: no clipping.
@@ -197,5 +200,8 @@ class TrainerConfig:
         fmt = Format(fp8_format or self.fp8_format)
         if self.scaling == "current":
             return CurrentScaling(margin=self.margin, fp8_format=fmt)
+        fine_grained = {"rowwise": RowwiseScaling, "block": BlockScaling, "mxfp8": MXFP8Scaling}
+        if self.scaling in fine_grained:
+            return fine_grained[self.scaling](fp8_format=fmt)
         return DelayedScaling(margin=self.margin, fp8_format=fmt, amax_history_len=self.amax_history_len,
                               amax_compute_algo=self.amax_compute_algo)

@@ -60,5 +60,17 @@ CATCH_TEST_CASE("bad arguments raise errors naming the argument", "[ops]") {
   CATCH_REQUIRE_THROWS_WITH(cast.call(at::ones({4}), at::ones({1}), amax, "e3m4"), Catch::Contains("'fmt'"));
   CATCH_REQUIRE_THROWS_WITH(cast.call(at::ones({4}), at::ones({2}), amax, "e4m3"), Catch::Contains("'scale'"));
   CATCH_REQUIRE_THROWS_WITH(cast.call(at::ones({4}, at::kDouble), at::ones({1}), amax, "e4m3"), Catch::Contains("'x'"));
-  CATCH_REQUIRE_THROWS_AS(cast.call(at::ones({4}), at::ones({1}), amax, "bad"), c10::ValueError);
+  // Shape and value errors carry fp8mp's ValueError tag (csrc/common/stable.h), which fp8mp.ops re-raises as ValueError.
+  CATCH_REQUIRE_THROWS_WITH(cast.call(at::ones({4}), at::ones({1}), amax, "bad"), Catch::StartsWith("[ValueError] "));
+  CATCH_REQUIRE_THROWS_WITH(cast.call(at::ones({4}), at::ones({1}), amax, "bad"), Catch::Contains("'fmt'"));
+}
+
+CATCH_TEST_CASE("an amax that overlaps the input or the scale is refused", "[ops]") {
+  auto cast = op<CastFn>("fp8mp::cast_to_fp8");
+  at::Tensor x = at::ones({4});
+  at::Tensor alias = x.narrow(0, 0, 1);
+  CATCH_REQUIRE_THROWS_WITH(cast.call(x, at::ones({1}), alias, "e4m3"),
+                            Catch::Contains("'amax' is written in place and must not share memory with 'x'"));
+  at::Tensor scale = at::ones({1});
+  CATCH_REQUIRE_THROWS_WITH(cast.call(x, scale, scale, "e4m3"), Catch::Contains("share memory with 'scale'"));
 }

@@ -237,7 +237,7 @@ def test_model_dtype_conversion_keeps_fp8_state_in_fp32():
     for layer in (model[0], model[2]):
         assert {name: b.dtype for name, b in layer.fp8_meta.named_buffers()} == {
             "amax": torch.float32, "amax_history": torch.float32, "scale": torch.float32, "scale_inv": torch.float32,
-            "initialized": torch.bool, "fp8_max": torch.float32}
+            "initialized": torch.bool, "fp8_max": torch.float32, "step_amax": torch.float32}
     for _ in range(2):
         out, dx = run_step(model, torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16),
                            DelayedScaling())

@@ -76,3 +76,70 @@ def test_cuda_opcheck_and_device_errors():
         fp8mp.cast_to_fp8(x, torch.ones(1), torch.zeros(1, device="cuda"), "e4m3")
     with pytest.raises(RuntimeError, match="'amax' must be on the input's device"):
         fp8mp.cast_to_fp8(x, torch.ones(1, device="cuda"), torch.zeros(1), "e4m3")
+
+
+# ---------------------------------------------------------------- issue 12: NaN sign, >2M rows, vector paths
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_keeps_the_sign_of_nan_when_scaling(fmt):
+    # fp32 NaNs of both signs and several payloads: the GPU's canonical NaN would give +NaN (0x7F) for all.
+    nan_bits = torch.tensor([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0xFFFFFFFF], dtype=torch.int64)
+    x = nan_bits.to(torch.int32).view(torch.float32).repeat(40)  # 200: vector body and scalar tail
+    for view in (x, x[1:]):
+        y_cpu, _ = cast(view, 3.7, fmt)
+        y_gpu = fp8mp.cast_to_fp8(view.cuda(), torch.tensor([3.7], device="cuda"), torch.zeros(1, device="cuda"), fmt)
+        assert torch.equal(y_gpu.cpu().view(torch.uint8), y_cpu.view(torch.uint8))
+        assert set(y_cpu.view(torch.uint8).tolist()) == {0x7F, 0xFF}
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_decode_matches_cpu_on_every_code_aligned_and_not(fmt, out_dtype):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(9)  # 2304 codes: vectors and a tail
+    y = codes.view(torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2)
+    for view in (y, y[1:], y[5:-3]):  # unaligned starts take the scalar path
+        for scale_inv in (1.0, 0.37, 2.0**-9):
+            out_cpu = fp8mp.cast_from_fp8(view, torch.tensor([scale_inv]), out_dtype)
+            out_gpu = fp8mp.cast_from_fp8(view.cuda(), torch.tensor([scale_inv], device="cuda"), out_dtype)
+            assert torch.equal(_bits(out_gpu.cpu()), _bits(out_cpu))
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(64, 64), (128, 256), (192, 72), (130, 64), (64, 68), (80, 8), (3, 200)])
+def test_cuda_transpose_vector_and_edge_tiles_match_cpu(dtype, shape):
+    # Full aligned tiles take 16-byte vectors; ragged rows/cols, and x at a 2-byte offset, the checked path.
+    rows, cols = shape
+    base = torch.randn(rows * cols + 1, dtype=torch.float32).to(dtype) * 40
+    base[::97] = float("nan")
+    for x in (base[:-1].view(rows, cols), base[1:].view(rows, cols)):
+        for fmt in FORMATS:
+            y_cpu, yt_cpu = fp8mp.cast_to_fp8_transpose(x, torch.tensor([1.5]), torch.zeros(1), fmt)
+            amax_gpu = torch.zeros(1, device="cuda")
+            y_gpu, yt_gpu = fp8mp.cast_to_fp8_transpose(x.cuda(), torch.tensor([1.5], device="cuda"), amax_gpu, fmt)
+            assert torch.equal(y_gpu.cpu().view(torch.uint8), y_cpu.view(torch.uint8))
+            assert torch.equal(yt_gpu.cpu().view(torch.uint8), yt_cpu.view(torch.uint8))
+            assert math.isnan(amax_gpu.item())
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_transpose_beyond_2m_rows():
+    # 2,097,120 rows was the old limit (65535 tiles of 32 rows on grid.y).
+    rows, cols = 2_097_152 + 96 + 5, 16
+    x = (torch.randn(rows, cols, dtype=torch.float32) * 50).to(torch.bfloat16)
+    amax_cpu, amax_gpu = torch.zeros(1), torch.zeros(1, device="cuda")
+    y_cpu, yt_cpu = fp8mp.cast_to_fp8_transpose(x, torch.tensor([2.0]), amax_cpu, "e4m3")
+    y_gpu, yt_gpu = fp8mp.cast_to_fp8_transpose(x.cuda(), torch.tensor([2.0], device="cuda"), amax_gpu, "e4m3")
+    assert torch.equal(y_gpu.cpu().view(torch.uint8), y_cpu.view(torch.uint8))
+    assert torch.equal(yt_gpu.cpu().view(torch.uint8), yt_cpu.view(torch.uint8))
+    assert amax_gpu.item() == amax_cpu.item()

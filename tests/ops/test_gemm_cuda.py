@@ -92,3 +92,61 @@ def test_cuda_opcheck_and_device_errors():
         fp8mp.fp8_gemm(a, s, b, s, bias=torch.randn(24, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="cannot both be float8_e5m2"):
         fp8mp.fp8_gemm(a.to(torch.float32).to(E5M2), s, b.to(torch.float32).to(E5M2), s)
+
+
+# ---------------------------------------------------------------- issue 12: alignment, plan cache, padding
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_cuda_16_byte_offset_operands_after_aligned_ones(out_dtype):
+    # Same shape first with 256-byte aligned buffers, then with views 16 bytes into an allocation:
+    # cuBLASLt must be told the smaller alignment (and a cached plan must not be reused across it).
+    M, K, N = 128, 256, 64
+    a_flat = fp8_randn((16 + M * K,), E4M3, 3.0, seed=21).cuda()
+    b_flat = fp8_randn((16 + N * K,), E4M3, 0.5, seed=22).cuda()
+    bias_flat = (torch.randn(8 + N) * 2).to(out_dtype).cuda()
+    aligned = (a_flat[:M * K].view(M, K), b_flat[:N * K].view(N, K), bias_flat[:N])
+    offset = (a_flat[16:].view(M, K), b_flat[16:].view(N, K), bias_flat[16 // bias_flat.element_size():][:N])
+    assert offset[0].data_ptr() % 256 == 16 and offset[1].data_ptr() % 256 == 16
+    for a, b, bias in (aligned, offset, aligned, offset):
+        out = fp8mp.fp8_gemm(a, scalar(0.5, "cuda"), b, scalar(2.0, "cuda"), bias=bias, out_dtype=out_dtype)
+        ref64, abs_sum = reference_f64(a.cpu(), 0.5, b.cpu(), 2.0, bias.cpu())
+        assert_close_to_reference(out, ref64, abs_sum, out_dtype)
+
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+def test_cuda_cached_plans_give_the_same_bits_and_follow_the_scales():
+    a, b = fp8_randn((96, 160), E4M3, seed=23).cuda(), fp8_randn((48, 160), E5M2, seed=24).cuda()
+    bias = torch.randn(48, device="cuda", dtype=torch.bfloat16)
+    first = fp8mp.fp8_gemm(a, scalar(1.0, "cuda"), b, scalar(1.0, "cuda"), bias=bias)
+    for _ in range(3):  # the cached descriptor, now with this call's pointers
+        again = fp8mp.fp8_gemm(a, scalar(1.0, "cuda"), b, scalar(1.0, "cuda"), bias=bias)
+        assert torch.equal(again.view(torch.int16), first.view(torch.int16))
+    scaled = fp8mp.fp8_gemm(a, scalar(4.0, "cuda"), b, scalar(0.25, "cuda"), bias=bias * 0)
+    unscaled = fp8mp.fp8_gemm(a, scalar(1.0, "cuda"), b, scalar(1.0, "cuda"), bias=bias * 0)
+    assert torch.equal(scaled.view(torch.int16), unscaled.view(torch.int16))  # 4 * 0.25 == 1 exactly
+    doubled = fp8mp.fp8_gemm(a, scalar(2.0, "cuda"), b, scalar(1.0, "cuda"))
+    ref64, abs_sum = reference_f64(a.cpu(), 2.0, b.cpu(), 1.0, None)
+    assert_close_to_reference(doubled, ref64, abs_sum, torch.bfloat16)
+
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(40, 100, 24), (7, 33, 17), (64, 64, 50)], ids=lambda s: "x".join(map(str, s)))
+def test_cuda_padding_writes_every_padded_byte(shape):
+    # The padded copies are written in one pass (no memset first): poison the caching allocator with
+    # NaN bytes so that any byte the pad kernel skipped would show up in the result.
+    M, K, N = shape
+    poison = torch.full((64 << 20,), 0xFF, dtype=torch.uint8, device="cuda")
+    del poison
+    a = fp8_randn((M, K), E4M3, 2.0, seed=M).cuda()
+    b = fp8_randn((N, K), E4M3, 1.0, seed=N).cuda()
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    for out_dtype in OUT_DTYPES:
+        out = fp8mp.fp8_gemm(a, scalar(1.0, "cuda"), b, scalar(1.0, "cuda"), bias=bias.to(out_dtype),
+                             out_dtype=out_dtype)
+        ref64, abs_sum = reference_f64(a.cpu(), 1.0, b.cpu(), 1.0, bias.to(out_dtype).cpu())
+        assert torch.isfinite(out).all()
+        assert_close_to_reference(out, ref64, abs_sum, out_dtype)

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from fp8mp.ops.errors import raising_value_errors
+
 from opcheck_util import opcheck_fp8_aware
 from norm_reference import (MANTISSA_BITS, BACKWARD_CASES, HIDDEN, assert_grad_close, make_params, make_rows, ours_grads, torch_grads)
 
@@ -112,35 +114,40 @@ def test_opcheck(name, make_args):
 # ---------------------------------------------------------------- bad op arguments
 
 
+def _op(name):
+    return raising_value_errors(getattr(torch.ops.fp8mp, name))
+
+
 def test_op_bad_arguments_name_the_argument():
+    # Through fp8mp's error contract (fp8mp/ops/errors.py): shape and value errors are ValueError.
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match=r"'weight'.*normalized_shape \[6\] vs x's last dimension 8"):
-        torch.ops.fp8mp.layernorm_fwd(x, torch.ones(6), None, 1e-5, False)
+        _op("layernorm_fwd")(x, torch.ones(6), None, 1e-5, False)
     with pytest.raises(ValueError, match=r"'bias'.*normalized_shape \[2, 4\] vs x's last dimension 8"):
-        torch.ops.fp8mp.layernorm_fwd(x, None, torch.ones(2, 4), 1e-5, False)
+        _op("layernorm_fwd")(x, None, torch.ones(2, 4), 1e-5, False)
     with pytest.raises(RuntimeError, match="'weight' and 'bias' must have the same dtype"):
-        torch.ops.fp8mp.layernorm_fwd(x, torch.ones(8), torch.ones(8, dtype=torch.bfloat16), 1e-5, False)
+        _op("layernorm_fwd")(x, torch.ones(8), torch.ones(8, dtype=torch.bfloat16), 1e-5, False)
     with pytest.raises(RuntimeError, match="'weight' must be float32"):
-        torch.ops.fp8mp.rmsnorm_fwd(x, torch.ones(8, dtype=torch.float64), 1e-5, False)
+        _op("rmsnorm_fwd")(x, torch.ones(8, dtype=torch.float64), 1e-5, False)
     for eps in (0.0, -1.0, math.inf, math.nan, 1e-60):
         with pytest.raises(ValueError, match="'eps'"):
-            torch.ops.fp8mp.rmsnorm_fwd(x, None, eps, False)
+            _op("rmsnorm_fwd")(x, None, eps, False)
     with pytest.raises(RuntimeError, match="'x'"):
-        torch.ops.fp8mp.layernorm_fwd(torch.ones(4, 8, dtype=torch.int32), None, None, 1e-5, False)
+        _op("layernorm_fwd")(torch.ones(4, 8, dtype=torch.int32), None, None, 1e-5, False)
     with pytest.raises(ValueError, match="'x'"):
-        torch.ops.fp8mp.layernorm_fwd(torch.ones(()), None, None, 1e-5, False)
+        _op("layernorm_fwd")(torch.ones(()), None, None, 1e-5, False)
     with pytest.raises(ValueError, match="'fmt'"):
-        torch.ops.fp8mp.layernorm_fwd_fp8(x, None, None, 1e-5, False, torch.ones(1), torch.zeros(1), "e3m4")
+        _op("layernorm_fwd_fp8")(x, None, None, 1e-5, False, torch.ones(1), torch.zeros(1), "e3m4")
     with pytest.raises(ValueError, match="'amax'"):
-        torch.ops.fp8mp.rmsnorm_fwd_fp8(x, None, 1e-5, False, torch.ones(1), torch.zeros(2), "e4m3")
+        _op("rmsnorm_fwd_fp8")(x, None, 1e-5, False, torch.ones(1), torch.zeros(2), "e4m3")
     with pytest.raises(RuntimeError, match="'scale'"):
-        torch.ops.fp8mp.rmsnorm_fwd_fp8(x, None, 1e-5, False, torch.ones(1, dtype=torch.float64), torch.zeros(1), "e4m3")
-    _, mean, rstd = torch.ops.fp8mp.layernorm_fwd(x, None, None, 1e-5, False)
+        _op("rmsnorm_fwd_fp8")(x, None, 1e-5, False, torch.ones(1, dtype=torch.float64), torch.zeros(1), "e4m3")
+    _, mean, rstd = _op("layernorm_fwd")(x, None, None, 1e-5, False)
     with pytest.raises(ValueError, match="'grad_out'"):
-        torch.ops.fp8mp.layernorm_bwd(torch.randn(4, 7), x, mean, rstd, None, False)
+        _op("layernorm_bwd")(torch.randn(4, 7), x, mean, rstd, None, False)
     with pytest.raises(RuntimeError, match="'grad_out'"):
-        torch.ops.fp8mp.layernorm_bwd(x.half(), x, mean, rstd, None, False)
+        _op("layernorm_bwd")(x.half(), x, mean, rstd, None, False)
     with pytest.raises(ValueError, match="'mean'"):
-        torch.ops.fp8mp.layernorm_bwd(x, x, mean[:3], rstd, None, False)
+        _op("layernorm_bwd")(x, x, mean[:3], rstd, None, False)
     with pytest.raises(RuntimeError, match="'rstd'"):
-        torch.ops.fp8mp.rmsnorm_bwd(x, x, rstd.double(), None, False)
+        _op("rmsnorm_bwd")(x, x, rstd.double(), None, False)

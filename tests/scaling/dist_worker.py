@@ -196,6 +196,42 @@ def fallback_agreement() -> dict:
     return {"in_fallback": in_fallback}
 
 
+def loss_scaler_agreement() -> dict:
+    """Only rank 1 gets an Inf in the input of one FP8 layer (step 1), which E4M3 saturates: its
+    gradients stay finite, and after DDP's reduction so do everyone's. LossScaler's FP8 cast check,
+    reduced over fp8_group, must skip that step on every rank. Returns, per step, whether the
+    optimizer stepped."""
+    from fp8mp.scaling.recipe import Format
+
+    model = make_model()
+    poison = {"now": False}
+
+    def inf_input(module, args):
+        if poison["now"]:
+            x = args[0].clone()
+            x[0, 0] = float("inf")
+            return (x,)
+
+    model[0].fc1.register_forward_pre_hook(inf_input)  # after the LayerNorm, which would turn an Inf into NaNs
+    model = wrap(model, "ddp")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    scaler = fp8mp.LossScaler()
+    recipe = DelayedScaling(fp8_format=Format.E4M3)
+    stepped = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        x, y = x.chunk(2)[dist.get_rank()], y.chunk(2)[dist.get_rank()]
+        poison["now"] = dist.get_rank() == 1 and step == 1
+        opt.zero_grad()
+        scaler.scale(shard_loss(model, x, y, recipe, dist.group.WORLD)).backward()
+        scaler.step(opt)
+        skipped_before = scaler.num_skipped_steps
+        scaler.update()
+        stepped.append(scaler.num_skipped_steps == skipped_before)
+    check_same_on_every_rank(full_params(model))
+    return {"stepped": stepped}
+
+
 def check_same_on_every_rank(state: dict[str, torch.Tensor]) -> None:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, state)
@@ -204,15 +240,18 @@ def check_same_on_every_rank(state: dict[str, torch.Tensor]) -> None:
             assert torch.equal(value, other[name]), f"{name} differs between this rank and rank {rank}"
 
 
+AGREEMENTS = {"fallback": fallback_agreement, "loss_scaler": loss_scaler_agreement}  # what every rank must agree on
+
+
 def main(out_dir: str, scenarios: list[str]) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     try:
         for scenario in scenarios:
-            if scenario == "fallback":
-                result = fallback_agreement()
+            if scenario in AGREEMENTS:
+                result = AGREEMENTS[scenario]()
                 gathered = [None] * dist.get_world_size()
-                dist.all_gather_object(gathered, result["in_fallback"])
+                dist.all_gather_object(gathered, next(iter(result.values())))
                 result["per_rank"] = gathered
             else:
                 result = train_distributed(scenario)

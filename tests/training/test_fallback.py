@@ -119,7 +119,7 @@ def test_policy_state_round_trips_with_the_layers_flags():
     policy = FallbackPolicy(max_bad_steps=1, cooldown_steps=4)
     train(model, policy, probe, poison_steps={0}, steps=2, recipe=CurrentScaling())  # falls back, 3 steps left
     saved = policy.state_dict()
-    assert saved["2"] == {"bad_steps": 0, "cooldown_left": 3}
+    assert saved["2"] == {"bad_steps": 0, "cooldown_left": 3, "total_bad_steps": 1}
 
     resumed_model, resumed_policy = make_model(), FallbackPolicy(max_bad_steps=1, cooldown_steps=4)
     resumed_model.load_state_dict(model.state_dict())

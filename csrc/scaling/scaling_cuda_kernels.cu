@@ -8,16 +8,15 @@
 // every element is read before it is overwritten, for any H, without a
 // scratch buffer. The values moved are reduced on the way (NaN-propagating
 // max) and thread 0 applies scaling_rule.h, the CPU's rule, with IEEE division.
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+#include "scaling/scaling_cuda_kernels.cuh"
 
-#include "scaling/scaling_checks.h"
-#include "scaling/scaling_rule.h"
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
-namespace fp8mp {
+#include "common/cuda_check.cuh"
+
+namespace fp8mp::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -59,33 +58,27 @@ __global__ void update_amax_history_and_scale_kernel(const float* __restrict__ a
   }
 }
 
-void update_amax_history_and_scale_cuda(const at::Tensor& amax, at::Tensor& amax_history, at::Tensor& scale,
-                                        at::Tensor& scale_inv, const at::Tensor& fp8_max, int64_t margin,
-                                        c10::string_view amax_compute_algo) {
-  AmaxComputeAlgo algo;
-  const auto [H, T] = check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin,
-                                                     amax_compute_algo, &algo);
+}  // namespace
+
+void update_amax_history_and_scale(const float* amax, float* history, float* scale, float* scale_inv,
+                                   const float* fp8_max, int64_t H, int64_t T, int64_t margin, AmaxComputeAlgo algo,
+                                   cudaStream_t stream) {
   if (T == 0) return;
-  TORCH_CHECK(T <= int64_t(0x7FFFFFFF), "fp8mp::update_amax_history_and_scale: too many tensors for one launch (", T,
-              ")");
-  const c10::cuda::CUDAGuard guard(amax.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (T > int64_t(0x7FFFFFFF)) {
+    throw std::invalid_argument("fp8mp::update_amax_history_and_scale: too many tensors for one launch (" +
+                                std::to_string(T) + ")");
+  }
   const float pow2 = pow2_margin(margin);
   const auto launch = [&](auto use_max) {
     update_amax_history_and_scale_kernel<decltype(use_max)::value><<<unsigned(T), kThreads, 0, stream>>>(
-        amax.const_data_ptr<float>(), amax_history.mutable_data_ptr<float>(), scale.mutable_data_ptr<float>(),
-        scale_inv.mutable_data_ptr<float>(), fp8_max.const_data_ptr<float>(), H, T, pow2);
+        amax, history, scale, scale_inv, fp8_max, H, T, pow2);
   };
   if (algo == AmaxComputeAlgo::Max) {
     launch(std::true_type{});
   } else {
     launch(std::false_type{});
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  FP8MP_CUDA_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { m.impl("update_amax_history_and_scale", &update_amax_history_and_scale_cuda); }
-
-}  // namespace fp8mp
+}  // namespace fp8mp::cuda

@@ -11,22 +11,31 @@
 // grad_weight / grad_bias: a deterministic two-stage reduction over rows, no
 // float atomics: per-(column tile, row chunk) partial sums, then one thread per
 // column adds the chunks in order.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+//
+// Not fused with grad_x (issue 12, item 9), so backward reads x and grad_out
+// twice: for bf16 that is 4 extra bytes per element on top of the 6 that
+// grad_x needs (read x, grad_out; write grad_x), about 1.7x the minimum. A
+// fused, still deterministic kernel must keep each column's partial sums where
+// the row teams produce them: in registers (hidden / team columns per thread,
+// so one instantiation per hidden-size range and a register-bound occupancy,
+// which is what Transformer Engine's tuned per-size kernels do) or as per-team
+// partial rows in global memory, whose read-modify-write per row moves more
+// bytes through L2 than the second read it saves. Neither can be tuned or even
+// timed without a GPU; the two-kernel form is kept, correct and deterministic,
+// until gpu_check.sh can measure a fused variant against it.
+#include "norm/norm_cuda_kernels.cuh"
 
+#include <algorithm>
 #include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
+#include "common/cuda_check.cuh"
 #include "common/cuda_reduce.cuh"
-#include "common/fp8_format.h"
-#include "norm/norm_common.h"
-#include "norm/norm_entry_points.h"
-#include "norm/norm_checks.h"
+#include "common/nan_keeping_scale.h"
 
-namespace fp8mp {
+namespace fp8mp::cuda {
 namespace {
 
 constexpr int kBlock = 256;
@@ -104,7 +113,7 @@ __global__ void norm_fwd_kernel(const scalar_t* __restrict__ x, const float* __r
       if constexpr (kFp8) {
         const float v = static_cast<float>(rounded);
         local_amax = max_u32(local_amax, float_to_bits(v) & 0x7FFFFFFFu);
-        static_cast<uint8_t*>(out_raw)[row * hidden + i] = encode<F>(v * s);
+        static_cast<uint8_t*>(out_raw)[row * hidden + i] = encode<F>(scale_keep_nan(v, s));
       } else {
         static_cast<scalar_t*>(out_raw)[row * hidden + i] = rounded;
       }
@@ -179,60 +188,81 @@ __global__ void norm_bwd_param_partials_kernel(const scalar_t* __restrict__ grad
   }
 }
 
-// Stage 2: one thread per column adds the chunks' partials in chunk order.
+// Stage 2: one thread per column adds the chunks' partials in chunk order, rounded once to the weight's type.
+template <typename scalar_t>
 __global__ void sum_chunks_kernel(const float* __restrict__ partial, int64_t chunks, int64_t hidden,
-                                  float* __restrict__ out) {
+                                  scalar_t* __restrict__ out) {
   const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= hidden) return;
   float acc = 0.0f;
   for (int64_t c = 0; c < chunks; ++c) acc += partial[c * hidden + col];
-  out[col] = acc;
+  out[col] = static_cast<scalar_t>(acc);
+}
+
+// out[i] = float(p[i]) (+ 1 with add_one), or 1 without p: the fp32 gain and bias vectors.
+template <typename scalar_t>
+__global__ void param_fp32_kernel(const scalar_t* __restrict__ p, float* __restrict__ out, int64_t n, bool add_one) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (p == nullptr) {
+    out[i] = 1.0f;
+  } else {
+    const float v = static_cast<float>(p[i]);
+    out[i] = add_one ? __fadd_rn(v, 1.0f) : v;
+  }
 }
 
 unsigned grid_for(int64_t units, const char* op) {
-  TORCH_CHECK(units <= std::numeric_limits<int>::max(), op, ": too many rows for one launch");
+  if (units > std::numeric_limits<int>::max()) throw std::invalid_argument(std::string(op) + ": too many rows for one launch");
   return unsigned(units > 0 ? units : 1);
 }
 
+void param_fp32(const void* p, HpType type, float* out, int64_t n, bool add_one, cudaStream_t stream) {
+  FP8MP_DISPATCH_HP(type, [&] {
+    param_fp32_kernel<scalar_t><<<grid_for((n + kBlock - 1) / kBlock, "fp8mp::norm"), kBlock, 0, stream>>>(
+        static_cast<const scalar_t*>(p), out, n, add_one);
+    FP8MP_CUDA_LAUNCH_CHECK();
+  });
+}
+
+struct BwdChunks {
+  int64_t rows_per_chunk, chunks;
+};
+
+BwdChunks bwd_chunks(int64_t rows) {
+  const int64_t rows_per_chunk = std::max(kMinRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+  return {rows_per_chunk, (rows + rows_per_chunk - 1) / rows_per_chunk};
+}
+
 template <bool kCentered>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                                                             const std::optional<at::Tensor>& bias, double eps,
-                                                             bool zero_centered_gamma, std::optional<Fp8Format> fp8,
-                                                             const at::Tensor* scale, at::Tensor* amax, const char* op) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous();
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = xc.numel() / hidden;
-  const at::Tensor g = norm_gain_fp32(weight, hidden, zero_centered_gamma, x);
-  const at::Tensor b = norm_bias_fp32(bias);
-  const auto stats_options = x.options().dtype(at::kFloat);
-  at::Tensor mean = kCentered ? at::empty(norm_stats_shape(x), stats_options) : at::Tensor();
-  at::Tensor rstd = at::empty(norm_stats_shape(x), stats_options);
-  at::Tensor out = at::empty(x.sizes(), fp8 ? x.options().dtype(fp8_dtype(*fp8)) : x.options());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+void norm_fwd_impl(const NormFwdArgs& args, float* scratch, cudaStream_t stream) {
+  const char* op = kCentered ? "fp8mp::layernorm_fwd" : "fp8mp::rmsnorm_fwd";
+  const int64_t hidden = args.hidden, rows = args.rows;
   uint32_t* amax_bits = nullptr;
-  if (fp8) {
-    C10_CUDA_CHECK(cudaMemsetAsync(amax->data_ptr(), 0, sizeof(float), stream));
-    amax_bits = reinterpret_cast<uint32_t*>(amax->data_ptr());
+  if (args.fp8) {
+    FP8MP_CUDA_CHECK(cudaMemsetAsync(args.amax, 0, sizeof(float), stream));
+    amax_bits = reinterpret_cast<uint32_t*>(args.amax);
   }
-  if (rows == 0) return {out, mean, rstd};
-  const float eps_f = static_cast<float>(eps);
-  const float* g_ptr = g.const_data_ptr<float>();
-  const float* b_ptr = b.defined() ? b.const_data_ptr<float>() : nullptr;
-  float* mean_ptr = kCentered ? mean.mutable_data_ptr<float>() : nullptr;
-  float* rstd_ptr = rstd.mutable_data_ptr<float>();
-  const float* scale_ptr = fp8 ? scale->const_data_ptr<float>() : nullptr;
+  if (rows == 0) return;
+  float* g_ptr = scratch;
+  float* b_ptr = args.bias != nullptr ? scratch + hidden : nullptr;
+  param_fp32(args.weight, args.weight_type, g_ptr, hidden, args.zero_centered_gamma, stream);
+  if (b_ptr != nullptr) param_fp32(args.bias, args.bias_type, b_ptr, hidden, false, stream);
+  const float eps_f = args.eps;
+  float* mean_ptr = kCentered ? args.mean : nullptr;
+  float* rstd_ptr = args.rstd;
+  const float* scale_ptr = args.fp8 ? args.scale : nullptr;
   const bool warp_rows = hidden <= kWarpRowMax;
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fp8mp::norm_fwd_cuda", [&] {
-    const scalar_t* x_ptr = xc.const_data_ptr<scalar_t>();
+  FP8MP_DISPATCH_HP(args.x_type, [&] {
+    const scalar_t* x_ptr = static_cast<const scalar_t*>(args.x);
     auto launch = [&](auto team, auto is_fp8, auto format) {
       constexpr int kTeam = decltype(team)::value;
       const unsigned grid = grid_for((rows + kBlock / kTeam - 1) / (kBlock / kTeam), op);
       norm_fwd_kernel<kCentered, kTeam, decltype(is_fp8)::value, decltype(format)::value, scalar_t>
-          <<<grid, kBlock, 0, stream>>>(x_ptr, g_ptr, b_ptr, out.data_ptr(), mean_ptr, rstd_ptr, rows, hidden, eps_f,
+          <<<grid, kBlock, 0, stream>>>(x_ptr, g_ptr, b_ptr, args.out, mean_ptr, rstd_ptr, rows, hidden, eps_f,
                                         scale_ptr, amax_bits);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      FP8MP_CUDA_LAUNCH_CHECK();
     };
     auto with_team = [&](auto is_fp8, auto format) {
       if (warp_rows) {
@@ -241,47 +271,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(const at::Tensor& x
         launch(std::integral_constant<int, kBlock>{}, is_fp8, format);
       }
     };
-    if (!fp8) {
+    if (!args.fp8) {
       with_team(std::false_type{}, std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
     } else {
-      FP8MP_DISPATCH_FORMAT(*fp8, [&] { with_team(std::true_type{}, std::integral_constant<Fp8Format, kFormat>{}); });
+      FP8MP_DISPATCH_FORMAT(args.format,
+                            [&] { with_team(std::true_type{}, std::integral_constant<Fp8Format, kFormat>{}); });
     }
   });
-  return {out, mean, rstd};
 }
 
 template <bool kCentered>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cuda(const at::Tensor& grad_out, const at::Tensor& x,
-                                                             const at::Tensor* mean, const at::Tensor& rstd,
-                                                             const std::optional<at::Tensor>& weight,
-                                                             bool zero_centered_gamma, const char* op) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous(), gc = grad_out.contiguous(), rstd_c = rstd.contiguous();
-  const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = xc.numel() / hidden;
-  const at::Tensor g = norm_gain_fp32(weight, hidden, zero_centered_gamma, x);
-  at::Tensor grad_x = at::empty(x.sizes(), x.options());
-  const auto f32 = x.options().dtype(at::kFloat);
-  const bool want_params = weight.has_value();
-  at::Tensor grad_w = want_params ? at::zeros({hidden}, f32) : at::empty({0}, f32);
-  at::Tensor grad_b = want_params ? at::zeros({hidden}, f32) : at::empty({0}, f32);
+void norm_bwd_impl(const NormBwdArgs& args, float* scratch, cudaStream_t stream) {
+  const char* op = kCentered ? "fp8mp::layernorm_bwd" : "fp8mp::rmsnorm_bwd";
+  const int64_t hidden = args.hidden, rows = args.rows;
+  const bool want_params = args.weight != nullptr;
+  const size_t param_bytes = size_t(hidden) * (args.weight_type == HpType::Float32 ? 4 : 2);
   if (rows == 0) {
-    if (want_params) return {grad_x, grad_w.to(weight->scalar_type()), grad_b.to(weight->scalar_type())};
-    return {grad_x, grad_w, grad_b};
+    if (want_params) {
+      FP8MP_CUDA_CHECK(cudaMemsetAsync(args.grad_weight, 0, param_bytes, stream));
+      if (args.grad_bias != nullptr) FP8MP_CUDA_CHECK(cudaMemsetAsync(args.grad_bias, 0, param_bytes, stream));
+    }
+    return;
   }
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const float* g_ptr = g.const_data_ptr<float>();
-  const float* mean_ptr = kCentered ? mean_c.const_data_ptr<float>() : nullptr;
-  const float* rstd_ptr = rstd_c.const_data_ptr<float>();
-  const int64_t rows_per_chunk = std::max(kMinRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
-  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-  at::Tensor partials = want_params ? at::empty({kCentered ? 2 : 1, chunks, hidden}, f32) : at::Tensor();
+  float* g_ptr = scratch;
+  param_fp32(args.weight, args.weight_type, g_ptr, hidden, args.zero_centered_gamma, stream);
+  const float* mean_ptr = kCentered ? args.mean : nullptr;
+  const float* rstd_ptr = args.rstd;
+  const auto [rows_per_chunk, chunks] = bwd_chunks(rows);
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fp8mp::norm_bwd_cuda", [&] {
-    const scalar_t* x_ptr = xc.const_data_ptr<scalar_t>();
-    const scalar_t* go_ptr = gc.const_data_ptr<scalar_t>();
-    scalar_t* gx_ptr = grad_x.mutable_data_ptr<scalar_t>();
+  FP8MP_DISPATCH_HP(args.x_type, [&] {
+    const scalar_t* x_ptr = static_cast<const scalar_t*>(args.x);
+    const scalar_t* go_ptr = static_cast<const scalar_t*>(args.grad_out);
+    scalar_t* gx_ptr = static_cast<scalar_t*>(args.grad_x);
     if (hidden <= kWarpRowMax) {
       const unsigned grid = grid_for((rows + kBlock / 32 - 1) / (kBlock / 32), op);
       norm_bwd_x_kernel<kCentered, 32, scalar_t>
@@ -290,40 +311,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cuda(const at::Tensor& g
       norm_bwd_x_kernel<kCentered, kBlock, scalar_t>
           <<<grid_for(rows, op), kBlock, 0, stream>>>(go_ptr, x_ptr, g_ptr, mean_ptr, rstd_ptr, gx_ptr, rows, hidden);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    FP8MP_CUDA_LAUNCH_CHECK();
     if (!want_params) return;
-    float* partial_w = partials.mutable_data_ptr<float>();
+    float* partial_w = scratch + hidden;
     float* partial_b = kCentered ? partial_w + chunks * hidden : nullptr;
     const dim3 grid(grid_for((hidden + kColTile - 1) / kColTile, op), unsigned(chunks));
     norm_bwd_param_partials_kernel<kCentered, scalar_t><<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(
         go_ptr, x_ptr, mean_ptr, rstd_ptr, rows, hidden, rows_per_chunk, partial_w, partial_b);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    FP8MP_CUDA_LAUNCH_CHECK();
     const unsigned col_blocks = grid_for((hidden + kBlock - 1) / kBlock, op);
-    sum_chunks_kernel<<<col_blocks, kBlock, 0, stream>>>(partial_w, chunks, hidden, grad_w.mutable_data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (kCentered) {
-      sum_chunks_kernel<<<col_blocks, kBlock, 0, stream>>>(partial_b, chunks, hidden, grad_b.mutable_data_ptr<float>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    FP8MP_DISPATCH_HP(args.weight_type, [&] {
+      sum_chunks_kernel<scalar_t><<<col_blocks, kBlock, 0, stream>>>(partial_w, chunks, hidden,
+                                                                     static_cast<scalar_t*>(args.grad_weight));
+      FP8MP_CUDA_LAUNCH_CHECK();
+      if (kCentered) {
+        sum_chunks_kernel<scalar_t><<<col_blocks, kBlock, 0, stream>>>(partial_b, chunks, hidden,
+                                                                       static_cast<scalar_t*>(args.grad_bias));
+        FP8MP_CUDA_LAUNCH_CHECK();
+      }
+    });
   });
-  if (!want_params) return {grad_x, grad_w, grad_b};
-  const auto wdtype = weight->scalar_type();
-  return {grad_x, grad_w.to(wdtype), grad_b.to(wdtype)};
 }
-
-struct CudaNorm {
-  template <bool kCentered, typename... Args>
-  static NormFwdResult fwd(Args&&... args) {
-    return norm_fwd_cuda<kCentered>(std::forward<Args>(args)...);
-  }
-  template <bool kCentered, typename... Args>
-  static NormFwdResult bwd(Args&&... args) {
-    return norm_bwd_cuda<kCentered>(std::forward<Args>(args)...);
-  }
-};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { register_norm_ops<CudaNorm>(m); }
+size_t norm_fwd_scratch_floats(const NormFwdArgs& args) { return size_t(2 * args.hidden); }
 
-}  // namespace fp8mp
+size_t norm_bwd_scratch_floats(const NormBwdArgs& args) {
+  const int64_t partials = args.weight != nullptr ? (args.centered ? 2 : 1) * bwd_chunks(args.rows).chunks : 0;
+  return size_t((1 + partials) * args.hidden);
+}
+
+void norm_fwd(const NormFwdArgs& args, float* scratch, cudaStream_t stream) {
+  if (args.centered) {
+    norm_fwd_impl<true>(args, scratch, stream);
+  } else {
+    norm_fwd_impl<false>(args, scratch, stream);
+  }
+}
+
+void norm_bwd(const NormBwdArgs& args, float* scratch, cudaStream_t stream) {
+  if (args.centered) {
+    norm_bwd_impl<true>(args, scratch, stream);
+  } else {
+    norm_bwd_impl<false>(args, scratch, stream);
+  }
+}
+
+}  // namespace fp8mp::cuda

@@ -1,0 +1,261 @@
+// CPU kernels of block_quantize and block_scaled_gemm (see blockwise_cpu_kernels.h for the arithmetic).
+//
+// block_quantize reads each row block of x twice (tile amaxes, then the scaled cast), one
+// parallel task per row block of tiles. block_scaled_gemm decodes a and b to fp32 once, laid out
+// chunk-major ([K chunk][row][k in chunk]) so that all K chunks are one batched fp32 GEMM, then
+// folds the chunks' partial products into an fp32 accumulator with their two scales, row by row.
+#include "blockwise/blockwise_cpu_kernels.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "common/fp8_decode_table.h"
+
+namespace fp8mp::cpu {
+namespace {
+
+constexpr int64_t kGrainElements = 1 << 15;           // elements per parallel task, roughly
+constexpr int64_t kBlockElements = int64_t(1) << 22;  // fp32 values of a decoded at once (16 MiB)
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// max that keeps a NaN once seen (as torch.amax does).
+inline float nan_max(float m, float v) { return (v > m || v != v) ? v : m; }
+
+// clamp to [-limit, limit], NaN stays NaN (torch.clamp), as torchao's to_mx clamps before its cast.
+inline float clamp_keep_nan(float v, float limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
+
+// 2^e for e in [-149, 127], exactly (subnormals included).
+float exact_pow2(int e) { return std::ldexp(1.0f, e); }
+
+// E8M0 code -> its value 2^(code - 127); 255 is NaN.
+const std::array<float, 256>& e8m0_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int code = 0; code < 255; ++code) t[code] = exact_pow2(code - 127);
+    t[255] = kNan;
+    return t;
+  }();
+  return table;
+}
+
+// What a tile's amax gives: the multiplier applied before the cast, and the stored scale_inv.
+struct TileScale {
+  float multiplier;
+  float scale_inv;     // Fp32 / Pow2
+  uint8_t e8m0_code;   // E8m0Floor / E8m0Rceil
+};
+
+TileScale fp32_scale(float amax, float fp8_max, bool pow2) {
+  // torchao's amax_to_scale: fp8_max / clamp(amax, 1e-12) in double, then float.
+  const double clamped = std::max(double(amax), 1e-12);  // NaN stays NaN (std::max returns its first argument)
+  float scale = float(double(fp8_max) / clamped);
+  if (pow2 && scale > 0.0f && std::isfinite(scale)) {
+    // Round down to a power of two exactly (the exponent field); scale is a normal number here.
+    scale = bits_to_float(float_to_bits(scale) & 0x7F800000u);
+  }
+  return {scale, 1.0f / scale, 0};
+}
+
+// OCP MX v1.0 (torchao's ScaleCalculationMode.FLOOR).
+TileScale e8m0_floor_scale(float amax, int emax_elem) {
+  uint8_t code = 255;
+  if (!std::isnan(amax)) {
+    const int exponent = int((float_to_bits(amax) >> 23) & 0xFFu) - 127;  // floor(log2(amax)); -127 for 0/subnormals
+    code = uint8_t(std::clamp(exponent - emax_elem, -127, 128) + 127);
+  }
+  // The divisor: 2^(code - 127) with the code read as an fp32 exponent field (255 -> Inf), at least
+  // the smallest normal float (so a code-0 block divides by 2^-126).
+  const float divisor = std::max(bits_to_float(uint32_t(code) << 23), exact_pow2(-126));
+  return {1.0f / divisor, 0.0f, code};  // 1 / 2^e is exact (0 for Inf), so x * it == x / 2^e
+}
+
+// NVIDIA's RCEIL (torchao's ScaleCalculationMode.RCEIL, its PyTorch fallback = the PTX instruction).
+TileScale e8m0_rceil_scale(float amax, float fp8_max) {
+  const float descale = amax / fp8_max;
+  uint8_t code;
+  float multiplier;
+  if (std::isnan(descale)) {
+    code = 255;
+    multiplier = descale;
+  } else if (std::isinf(descale)) {
+    code = 254;
+    multiplier = exact_pow2(-127);
+  } else {
+    int ceil_log2 = -127;  // log2(0) = -inf, clamped
+    if (descale > 0.0f) {
+      int e = 0;
+      const float mantissa = std::frexp(descale, &e);  // descale = mantissa * 2^e, mantissa in [0.5, 1)
+      ceil_log2 = mantissa == 0.5f ? e - 1 : e;
+    }
+    code = uint8_t(std::clamp(ceil_log2, -127, 127) + 127);
+    multiplier = code == 0 ? 1.0f : exact_pow2(127 - int(code));
+  }
+  return {multiplier, 0.0f, code};
+}
+
+TileScale tile_scale(float amax, BlockScaleMode mode, Fp8Format format) {
+  const float fp8_max = format == Fp8Format::E4M3 ? FormatTraits<Fp8Format::E4M3>::kMax : FormatTraits<Fp8Format::E5M2>::kMax;
+  switch (mode) {
+    case BlockScaleMode::Fp32: return fp32_scale(amax, fp8_max, false);
+    case BlockScaleMode::Pow2: return fp32_scale(amax, fp8_max, true);
+    case BlockScaleMode::E8m0Floor: return e8m0_floor_scale(amax, format == Fp8Format::E4M3 ? 8 : 15);
+    case BlockScaleMode::E8m0Rceil: return e8m0_rceil_scale(amax, fp8_max);
+  }
+  return {kNan, kNan, 255};
+}
+
+template <typename scalar_t, Fp8Format F>
+void block_quantize_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
+                         BlockScaleMode mode, uint8_t* y, void* scale_inv, ParallelFor parallel_for) {
+  const int64_t tile_rows = ceil_div(rows, block_rows), tile_cols = ceil_div(cols, block_cols);
+  const bool clamp_first = is_e8m0(mode);
+  const float fp8_max = FormatTraits<F>::kMax;
+  const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, block_rows * cols));
+  parallel_for(0, tile_rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> amax(static_cast<size_t>(tile_cols), 0.0f);
+    std::vector<float> multiplier(static_cast<size_t>(tile_cols), 0.0f);
+    for (int64_t tr = begin; tr < end; ++tr) {
+      const int64_t r0 = tr * block_rows, r1 = std::min(rows, r0 + block_rows);
+      std::fill(amax.begin(), amax.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* row = x + r * cols;
+        for (int64_t tc = 0; tc < tile_cols; ++tc) {
+          float m = amax[tc];
+          for (int64_t c = tc * block_cols, c1 = std::min(cols, c + block_cols); c < c1; ++c) {
+            m = nan_max(m, std::fabs(static_cast<float>(row[c])));
+          }
+          amax[tc] = m;
+        }
+      }
+      for (int64_t tc = 0; tc < tile_cols; ++tc) {
+        const TileScale s = tile_scale(amax[tc], mode, F);
+        multiplier[tc] = s.multiplier;
+        if (clamp_first) {
+          static_cast<uint8_t*>(scale_inv)[tr * tile_cols + tc] = s.e8m0_code;
+        } else {
+          static_cast<float*>(scale_inv)[tr * tile_cols + tc] = s.scale_inv;
+        }
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* row = x + r * cols;
+        uint8_t* out = y + r * cols;
+        for (int64_t tc = 0; tc < tile_cols; ++tc) {
+          const float mul = multiplier[tc];
+          for (int64_t c = tc * block_cols, c1 = std::min(cols, c + block_cols); c < c1; ++c) {
+            const float v = static_cast<float>(row[c]) * mul;
+            out[c] = encode<F>(clamp_first ? clamp_keep_nan(v, fp8_max) : v);
+          }
+        }
+      }
+    }
+  });
+}
+
+std::unique_ptr<float[]> uninitialized_floats(int64_t n) { return std::unique_ptr<float[]>(new float[size_t(n)]); }
+
+// Decode rows [row0, row0 + rows) of a row-major [*, K] FP8 operand into chunk-major fp32:
+// chunk c (width kc = min(block_k, K - c * block_k)) starts at c * block_k * rows, row r at r * kc.
+void decode_chunk_major(const uint8_t* codes, Fp8Format format, int64_t row0, int64_t rows, int64_t K, int64_t block_k,
+                        float* out, ParallelFor parallel_for) {
+  const float* table = decode_table_for(format);
+  const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, K));
+  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* row = codes + (row0 + r) * K;
+      for (int64_t k0 = 0; k0 < K; k0 += block_k) {
+        const int64_t kc = std::min(block_k, K - k0);
+        float* dst = out + k0 * rows + r * kc;
+        for (int64_t j = 0; j < kc; ++j) dst[j] = table[row[k0 + j]];
+      }
+    }
+  });
+}
+
+// scale_inv[row_block, chunk] of one operand, as fp32.
+float scale_at(const BlockOperand& op, int64_t n_chunks, int64_t row, int64_t chunk) {
+  const int64_t index = (row / op.block_rows) * n_chunks + chunk;
+  if (op.scale_type == BlockScaleType::E8m0) return e8m0_table()[static_cast<const uint8_t*>(op.scale_inv)[index]];
+  return static_cast<const float*>(op.scale_inv)[index];
+}
+
+template <typename scalar_t>
+void block_scaled_gemm_impl(const BlockOperand& a, const BlockOperand& b, int64_t M, int64_t N, int64_t K,
+                            int64_t block_k, const scalar_t* bias, scalar_t* out, const BatchedMatmulNtFp32& matmul,
+                            ParallelFor parallel_for) {
+  if (K == 0) {  // an empty sum: the result is the bias (or zeros), whatever the scales
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias != nullptr ? bias[n] : scalar_t(0.0f);
+    }
+    return;
+  }
+  const int64_t full_chunks = K / block_k, tail = K % block_k, n_chunks = ceil_div(K, block_k);
+  const auto b_f32 = uninitialized_floats(N * K);
+  decode_chunk_major(b.data, b.format, 0, N, K, block_k, b_f32.get(), parallel_for);
+  std::vector<float> b_scales(static_cast<size_t>(n_chunks * N), 0.0f);  // [chunk][n]
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < n_chunks; ++c) b_scales[size_t(c * N + n)] = scale_at(b, n_chunks, n, c);
+  }
+  // Rows of a per pass: its fp32 copy and the partial products of all chunks stay within kBlockElements.
+  const int64_t block_m = std::min(M, std::max<int64_t>(1, kBlockElements / std::max(K, n_chunks * N)));
+  const auto a_f32 = uninitialized_floats(block_m * K);
+  const auto partial = uninitialized_floats(block_m * N * n_chunks);  // [chunk][row][n]
+  const int64_t row_grain = std::max<int64_t>(1, kGrainElements / (N * n_chunks));
+  for (int64_t row0 = 0; row0 < M; row0 += block_m) {
+    const int64_t rows = std::min(block_m, M - row0);
+    decode_chunk_major(a.data, a.format, row0, rows, K, block_k, a_f32.get(), parallel_for);
+    // Every chunk's fp32 sums: the full chunks in one batched GEMM, the shorter last chunk in another.
+    if (full_chunks > 0) matmul(a_f32.get(), b_f32.get(), partial.get(), full_chunks, rows, N, block_k);
+    if (tail > 0) {
+      const int64_t k0 = full_chunks * block_k;
+      matmul(a_f32.get() + k0 * rows, b_f32.get() + k0 * N, partial.get() + full_chunks * rows * N, 1, rows, N, tail);
+    }
+    scalar_t* out_rows = out + row0 * N;
+    parallel_for(0, rows, row_grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(static_cast<size_t>(N), 0.0f);
+      for (int64_t r = begin; r < end; ++r) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t c = 0; c < n_chunks; ++c) {  // in chunk order
+          const float sa = scale_at(a, n_chunks, row0 + r, c);
+          const float* p = partial.get() + (c * rows + r) * N;
+          const float* sb = b_scales.data() + c * N;
+          for (int64_t n = 0; n < N; ++n) acc[size_t(n)] = acc[size_t(n)] + p[n] * (sa * sb[n]);
+        }
+        for (int64_t n = 0; n < N; ++n) {
+          const float v = bias != nullptr ? acc[size_t(n)] + static_cast<float>(bias[n]) : acc[size_t(n)];
+          out_rows[r * N + n] = static_cast<scalar_t>(v);
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void block_quantize(const void* x, HpType x_type, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
+                    Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv, ParallelFor parallel_for) {
+  if (rows == 0 || cols == 0) return;
+  FP8MP_DISPATCH_HP(x_type, [&] {
+    FP8MP_DISPATCH_FORMAT(format, [&] {
+      block_quantize_impl<scalar_t, kFormat>(static_cast<const scalar_t*>(x), rows, cols, block_rows, block_cols, mode,
+                                             y, scale_inv, parallel_for);
+    });
+  });
+}
+
+void block_scaled_gemm(const BlockOperand& a, const BlockOperand& b, int64_t M, int64_t N, int64_t K, int64_t block_k,
+                       const void* bias, void* out, HpType out_type, const BatchedMatmulNtFp32& matmul,
+                       ParallelFor parallel_for) {
+  if (M == 0 || N == 0) return;
+  FP8MP_DISPATCH_HP(out_type, [&] {
+    block_scaled_gemm_impl<scalar_t>(a, b, M, N, K, block_k, static_cast<const scalar_t*>(bias),
+                                     static_cast<scalar_t*>(out), matmul, parallel_for);
+  });
+}
+
+}  // namespace fp8mp::cpu

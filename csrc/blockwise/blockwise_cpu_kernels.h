@@ -1,0 +1,70 @@
+// The CPU kernels of the fine-grained (block-scaled) ops, torch-free: raw pointers and sizes.
+// blockwise_cpu.cpp is their torch glue (argument checks, allocation, registration).
+//
+// Blocks. A [rows, cols] tensor is cut into tiles of block_rows x block_cols (the last tile of a
+// row or column may be smaller: it is scaled from the elements it has, as if zero-padded). Each
+// tile has one scale; scale_inv is row-major [ceil(rows / block_rows), ceil(cols / block_cols)].
+// The recipes use: rowwise 1 x cols, DeepSeek-V3 activations 1 x 128 and weights 128 x 128,
+// MXFP8 1 x 32.
+#pragma once
+
+#include <cstdint>
+
+#include "common/cpu_parallel.h"
+#include "common/fp8_format.h"
+#include "common/half_types.h"
+#include <functional>
+
+namespace fp8mp::cpu {
+
+// How a tile's amax becomes its scale (fp8_max: 448 for E4M3, 57344 for E5M2).
+enum class BlockScaleMode : int {
+  // scale = float(fp8_max / max(amax, 1e-12)) (the division in double, as torchao's amax_to_scale);
+  // y = encode(float(x) * scale); scale_inv = 1 / scale (fp32).
+  Fp32 = 0,
+  // Same scale rounded down to a power of two (torchao's round_scales_to_power_of_2), so that
+  // scale_inv = 1 / scale is exact.
+  Pow2 = 1,
+  // OCP MX v1.0: shared exponent = floor(log2(amax)) - emax_elem (emax_elem 8 for E4M3, 15 for E5M2),
+  // an E8M0 code (biased by 127, clamped to [0, 254], 255 = NaN amax); y = encode(clamp(x / 2^e)).
+  E8m0Floor = 2,
+  // NVIDIA's rule (cuBLAS's "d-block quantization", PTX cvt.rp.satfinite.ue8m0x2.f32): the smallest
+  // power of two 2^e >= amax / fp8_max, as an E8M0 code (NaN amax 255, Inf 254); y = encode(clamp(x / 2^e)).
+  E8m0Rceil = 3,
+};
+
+inline bool is_e8m0(BlockScaleMode mode) { return mode == BlockScaleMode::E8m0Floor || mode == BlockScaleMode::E8m0Rceil; }
+
+// y [rows, cols] FP8 codes of the row-major x (of x_type) and scale_inv per tile: fp32 values for
+// Fp32/Pow2, E8M0 codes (uint8) for the E8M0 modes. block_rows, block_cols >= 1.
+void block_quantize(const void* x, HpType x_type, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
+                    Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv, ParallelFor parallel_for);
+
+// c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T per batch item, IEEE fp32, contiguous.
+using BatchedMatmulNtFp32 =
+    std::function<void(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k)>;
+
+// Storage of a GEMM operand's scale_inv: fp32 values or E8M0 codes (2^(code - 127), 255 = NaN).
+enum class BlockScaleType : int { Fp32 = 0, E8m0 = 1 };
+
+// One operand of block_scaled_gemm: row-major [rows, K] FP8 codes and its scale_inv,
+// [ceil(rows / block_rows), ceil(K / block_k)] row-major.
+struct BlockOperand {
+  const uint8_t* data;
+  Fp8Format format;
+  const void* scale_inv;
+  BlockScaleType scale_type;
+  int64_t block_rows;
+};
+
+// out [M, N] = out_type(acc + bias) for a [M, K], b [N, K], where, over the K chunks c of block_k
+// elements (the last may be shorter),
+//   acc[m, n] = sum_c fp32(sum_{k in c} dec(a[m, k]) * dec(b[n, k])) * (sa[m / a.block_rows, c] * sb[n / b.block_rows, c])
+// all in fp32: exact FP8 products summed in fp32 per chunk (the batched fp32 GEMM the glue hands in),
+// multiplied by the product of the chunk's two scale_invs, accumulated over chunks in order.
+// bias [N] (of out_type) or nullptr.
+void block_scaled_gemm(const BlockOperand& a, const BlockOperand& b, int64_t M, int64_t N, int64_t K, int64_t block_k,
+                       const void* bias, void* out, HpType out_type, const BatchedMatmulNtFp32& matmul,
+                       ParallelFor parallel_for);
+
+}  // namespace fp8mp::cpu

@@ -1,0 +1,140 @@
+// CPU implementations of the cast kernels: parallel over chunks, with
+// branch-free inner loops (fp8_format.h) that the compiler vectorizes.
+#include "cast/cast_cpu_kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "common/cpu_clones.h"
+#include "common/fp8_decode_table.h"
+
+namespace fp8mp::cpu {
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // elements per parallel task: big enough to amortize scheduling
+// Transpose tiles: 64 rows (a full 64-byte line of the transpose per column) by 512 columns
+// (2 KiB runs of fp32 input, long enough that rows 16 KiB apart do not thrash the L1 sets).
+constexpr int64_t kTileRows = 64;
+constexpr int64_t kTileCols = 512;
+
+template <Fp8Format F, typename scalar_t>
+FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {
+  uint32_t amax_bits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(x[i]);
+    const uint32_t abs_bits = float_to_bits(v) & 0x7FFFFFFFu;
+    amax_bits = abs_bits > amax_bits ? abs_bits : amax_bits;
+    y[i] = encode<F>(v * scale);
+  }
+  return amax_bits;
+}
+
+#if defined(__SSE2__)
+// dst[j][i] = src[i][j] for a 16x16 byte block in 64 SSE2 byte unpacks: four rounds of
+// out[2i], out[2i+1] = unpack{lo,hi}(in[i], in[i+8]), each a perfect shuffle of the row
+// index bits into the byte index, so four rounds swap rows and columns.
+inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+  __m128i r[16], o[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * src_stride));
+  for (int round = 0; round < 4; ++round) {
+    for (int i = 0; i < 8; ++i) {
+      o[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+      o[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = o[i];
+  }
+  for (int i = 0; i < 16; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * dst_stride), r[i]);
+}
+#else
+// Portable fallback: the same block, element by element.
+inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 16; ++j) dst[j * dst_stride + i] = src[i * src_stride + j];
+  }
+}
+#endif
+constexpr int64_t kBlock = 16;  // the transpose block edge
+
+// Cast one tile [r0, r1) x [c0, c1) of the row-major (rows x cols) input to y and to its transpose yt.
+template <Fp8Format F, typename scalar_t>
+uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y, uint8_t* __restrict yt, int64_t rows,
+                             int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float scale) {
+  uint32_t amax_bits = 0;
+  const int64_t width = c1 - c0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint32_t row_amax = cast_span<F>(x + r * cols + c0, y + r * cols + c0, width, scale);
+    amax_bits = row_amax > amax_bits ? row_amax : amax_bits;
+  }
+  // The tile of y just written is in cache: transpose it into yt in 16x16 byte blocks through
+  // registers, then the ragged edges byte by byte.
+  const uint8_t* tile = y + r0 * cols + c0;
+  const int64_t height = r1 - r0, full_rows = height / kBlock * kBlock, full_cols = width / kBlock * kBlock;
+  for (int64_t bc = 0; bc < full_cols; bc += kBlock) {
+    for (int64_t br = 0; br < full_rows; br += kBlock) {
+      transpose16x16(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
+    }
+  }
+  for (int64_t c = 0; c < width; ++c) {
+    uint8_t* out = yt + (c0 + c) * rows + r0;
+    for (int64_t r = (c < full_cols ? full_rows : 0); r < height; ++r) out[r] = tile[r * cols + c];
+  }
+  return amax_bits;
+}
+
+}  // namespace
+
+float cast_to_fp8(const void* x, HpType x_type, uint8_t* y, int64_t n, float scale, Fp8Format format,
+                  ParallelFor parallel_for) {
+  std::atomic<uint32_t> amax_bits{0};
+  FP8MP_DISPATCH_HP(x_type, [&] {
+    const scalar_t* x_ptr = static_cast<const scalar_t*>(x);
+    FP8MP_DISPATCH_FORMAT(format, [&] {
+      parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+        atomic_max_bits(amax_bits, cast_span<kFormat>(x_ptr + begin, y + begin, end - begin, scale));
+      });
+    });
+  });
+  return bits_to_float(amax_bits.load());
+}
+
+float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* yt, int64_t rows, int64_t cols,
+                            float scale, Fp8Format format, ParallelFor parallel_for) {
+  std::atomic<uint32_t> amax_bits{0};
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows, col_tiles = (cols + kTileCols - 1) / kTileCols;
+  FP8MP_DISPATCH_HP(x_type, [&] {
+    const scalar_t* x_ptr = static_cast<const scalar_t*>(x);
+    FP8MP_DISPATCH_FORMAT(format, [&] {
+      const int64_t grain = std::max<int64_t>(1, kGrain / (kTileRows * kTileCols));
+      parallel_for(0, row_tiles * col_tiles, grain, [&](int64_t begin, int64_t end) {
+        uint32_t local = 0;
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t r0 = (t / col_tiles) * kTileRows, c0 = (t % col_tiles) * kTileCols;
+          const uint32_t tile_amax =
+              cast_tile_transpose<kFormat>(x_ptr, y, yt, rows, cols, r0, std::min(r0 + kTileRows, rows), c0,
+                                           std::min(c0 + kTileCols, cols), scale);
+          local = tile_amax > local ? tile_amax : local;
+        }
+        atomic_max_bits(amax_bits, local);
+      });
+    });
+  });
+  return bits_to_float(amax_bits.load());
+}
+
+void cast_from_fp8(const uint8_t* y, Fp8Format format, void* out, HpType out_type, int64_t n, float scale_inv,
+                   ParallelFor parallel_for) {
+  FP8MP_DISPATCH_HP(out_type, [&] {
+    scalar_t* out_ptr = static_cast<scalar_t*>(out);
+    FP8MP_DISPATCH_FORMAT(format, [&] {
+      const float* table = decode_table<kFormat>().data();
+      parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out_ptr[i] = static_cast<scalar_t>(table[y[i]] * scale_inv);
+      });
+    });
+  });
+}
+
+}  // namespace fp8mp::cpu

@@ -1,0 +1,46 @@
+// The fast exact CPU path of fp8_gemm: FP8 codes decoded to bfloat16 (every E4M3
+// and E5M2 value is exact in bf16) and multiplied by MKL's cblas_gemm_bf16bf16f32,
+// which forms each product exactly and accumulates in fp32 - the arithmetic of
+// the fp32 emulation, with half the bytes per operand and the CPU's bf16 matrix
+// units (AVX512-BF16, AMX) where it has them. Torch-free: the MKL entry point is
+// looked up at run time in the process (torch's libtorch_cpu exports it), so the
+// extension links against no torch-internal symbol; where it is absent the fp32
+// path is used.
+#pragma once
+
+#include <cstdint>
+
+namespace fp8mp::cpu {
+
+enum class GemmPath : int { Fp32 = 0, Bf16 = 1 };
+
+// MKL's LP64 interface takes 32-bit dimensions: larger N or K take the fp32 path.
+constexpr int64_t kMaxBf16Dim = (int64_t(1) << 31) - 1;
+
+// c [rows, n] = a [rows, k] @ b [n, k]^T, bf16 bits in, fp32 out, row-major and contiguous.
+using MatmulNtBf16 = void (*)(const uint16_t* a, const uint16_t* b, float* c, int64_t rows, int64_t n, int64_t k);
+
+struct CpuFeatures {
+  bool avx512_bf16;
+  bool amx_bf16;
+};
+
+// What this CPU reports through cpuid (false for both off x86-64).
+CpuFeatures cpu_features();
+
+// The bf16 GEMM of the process (MKL's, through torch), or nullptr where there is none.
+MatmulNtBf16 find_bf16_matmul();
+
+// The path fp8_gemm takes in this process, decided once at first use:
+//   FP8MP_CPU_GEMM=fp32 or =bf16 forces one (bf16 only if the GEMM was found);
+//   otherwise bf16 where the CPU has bf16 matrix units (AVX512-BF16 or AMX-BF16),
+//   because there it is faster, and fp32 elsewhere, where MKL's bf16 GEMM widens
+//   to fp32 itself and gains nothing (see benchmarks/RESULTS.md).
+GemmPath gemm_path();
+
+const char* gemm_path_name(GemmPath path);
+
+}  // namespace fp8mp::cpu
+
+// For Python (fp8mp.ops.cpu_gemm_path) through ctypes, without a torch op: "fp32" or "bf16".
+extern "C" __attribute__((visibility("default"))) const char* fp8mp_cpu_gemm_path();

@@ -1,0 +1,120 @@
+// CPU implementation of fp8_gemm: an honest emulation of the cuBLASLt FP8 GEMM.
+//
+//   out[m, n] = round_to_out_dtype( (sum_k dec(a[m, k]) * dec(b[n, k])) * (a_scale_inv * b_scale_inv) + bias[n] )
+//
+// The FP8 codes are decoded exactly to fp32 (fp8_decode_table.h, the same
+// decode the CUDA kernels use), multiplied and accumulated in fp32 by the fp32
+// GEMM the glue hands in (torch's), then scaled by the fp32 product of the two
+// scale_invs, the bias added in fp32, and the result rounded once to out_dtype.
+// This is the arithmetic of cuBLASLt's FP8 path (exact products, fp32
+// accumulation, fp32 epilogue); only the order of the fp32 additions differs,
+// so CPU and GPU agree to fp32 rounding of the accumulation (a few ulps of fp32
+// before the final rounding), not bit for bit.
+//
+// Where the CPU has bf16 matrix units (cpu_bf16_gemm.h decides, once), the
+// codes are decoded to bf16 instead - exact too - and multiplied by MKL's
+// bf16 x bf16 -> fp32 GEMM: the same exact products and fp32 sums.
+//
+// b (the weight, [N, K]) is decoded once per call; a is decoded in row blocks
+// of about kBlockElements values, so the decoded copy of a never exceeds that
+// however large M is.
+#include "gemm/gemm_cpu_kernels.h"
+
+#include <algorithm>
+#include <array>
+#include <memory>
+
+#include "common/fp8_decode_table.h"
+#include "gemm/cpu_bf16_gemm.h"
+
+namespace fp8mp::cpu {
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;                   // codes per parallel decode task
+constexpr int64_t kBlockElements = int64_t(1) << 22;  // values of a decoded at once (16 MiB as fp32)
+
+// The bf16 bits of every FP8 value: the upper half of its fp32 bits, exactly (3 or 2 mantissa bits fit in 7).
+const uint16_t* bf16_table_for(Fp8Format format) {
+  static const auto make = [](Fp8Format f) {
+    std::array<uint16_t, 256> t{};
+    const float* fp32 = decode_table_for(f);
+    for (int code = 0; code < 256; ++code) t[code] = uint16_t(float_to_bits(fp32[code]) >> 16);
+    return t;
+  };
+  static const std::array<uint16_t, 256> e4m3 = make(Fp8Format::E4M3), e5m2 = make(Fp8Format::E5M2);
+  return format == Fp8Format::E4M3 ? e4m3.data() : e5m2.data();
+}
+
+const float* table_for(Fp8Format format, float*) { return decode_table_for(format); }
+const uint16_t* table_for(Fp8Format format, uint16_t*) { return bf16_table_for(format); }
+
+// Decode n contiguous FP8 codes to fp32 or bf16 bits.
+template <typename T>
+void decode_into(const uint8_t* codes, T* out, int64_t n, Fp8Format format, ParallelFor parallel_for) {
+  const T* table = table_for(format, out);
+  parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = table[codes[i]];
+  });
+}
+
+template <typename T>
+std::unique_ptr<T[]> uninitialized(int64_t n) {
+  return std::unique_ptr<T[]>(new T[size_t(n)]);
+}
+
+// out[r, n] = scalar_t(acc[r, n] * scale + bias[n]) for rows x N values: the one rounding to out_dtype.
+template <typename scalar_t>
+void epilogue(const float* acc, float scale, const scalar_t* bias, scalar_t* out, int64_t rows, int64_t N,
+              ParallelFor parallel_for) {
+  parallel_for(0, rows * N, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float v = acc[i] * scale;
+      if (bias != nullptr) v = v + static_cast<float>(bias[i % N]);
+      out[i] = static_cast<scalar_t>(v);
+    }
+  });
+}
+
+// The blocked loop of both paths: decode b once and a by row blocks to T, multiply into fp32, epilogue.
+template <typename T, typename scalar_t, typename Matmul>
+void blocked_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format b_format, int64_t M, int64_t N,
+                  int64_t K, float scale, const scalar_t* bias, scalar_t* out, const Matmul& matmul,
+                  ParallelFor parallel_for) {
+  const auto b_dec = uninitialized<T>(N * K);
+  decode_into(b, b_dec.get(), N * K, b_format, parallel_for);
+  const int64_t block_rows = std::min(M, std::max<int64_t>(1, kBlockElements / K));
+  const auto a_block = uninitialized<T>(block_rows * K);
+  const auto acc = uninitialized<float>(block_rows * N);
+  for (int64_t row0 = 0; row0 < M; row0 += block_rows) {
+    const int64_t rows = std::min(block_rows, M - row0);
+    decode_into(a + row0 * K, a_block.get(), rows * K, a_format, parallel_for);
+    matmul(a_block.get(), b_dec.get(), acc.get(), rows, N, K);
+    epilogue(acc.get(), scale, bias, out + row0 * N, rows, N, parallel_for);
+  }
+}
+
+}  // namespace
+
+void fp8_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format b_format, int64_t M, int64_t N,
+              int64_t K, float scale, const void* bias, void* out, HpType out_type, const MatmulNtFp32& matmul,
+              ParallelFor parallel_for) {
+  if (M == 0 || N == 0) return;
+  FP8MP_DISPATCH_HP(out_type, [&] {
+    const scalar_t* bias_ptr = static_cast<const scalar_t*>(bias);
+    scalar_t* out_ptr = static_cast<scalar_t*>(out);
+    if (K == 0) {  // an empty sum: the result is the bias (or zeros), whatever the scales
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) out_ptr[m * N + n] = bias_ptr != nullptr ? bias_ptr[n] : scalar_t(0.0f);
+      }
+      return;
+    }
+    if (gemm_path() == GemmPath::Bf16 && N <= kMaxBf16Dim && K <= kMaxBf16Dim) {
+      blocked_gemm<uint16_t>(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, *find_bf16_matmul(),
+                             parallel_for);
+    } else {
+      blocked_gemm<float>(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, matmul, parallel_for);
+    }
+  });
+}
+
+}  // namespace fp8mp::cpu

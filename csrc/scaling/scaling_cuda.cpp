@@ -1,0 +1,29 @@
+// CUDA glue of update_amax_history_and_scale (stable ABI): argument checks,
+// device guard and registration around the torch-free kernel of scaling_cuda_kernels.cu.
+#include "common/stable_cuda.h"
+#include "scaling/scaling_checks.h"
+#include "scaling/scaling_cuda_kernels.cuh"
+
+namespace fp8mp {
+namespace {
+
+void update_amax_history_and_scale_cuda(Tensor amax, Tensor amax_history, Tensor scale, Tensor scale_inv,
+                                        Tensor fp8_max, int64_t margin, std::string amax_compute_algo) {
+  AmaxComputeAlgo algo;
+  const auto [H, T] = check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin,
+                                                     amax_compute_algo, &algo);
+  if (T == 0) return;
+  const auto guard = guard_device_of(amax);
+  cuda::update_amax_history_and_scale(
+      static_cast<const float*>(amax.const_data_ptr()), static_cast<float*>(amax_history.mutable_data_ptr()),
+      static_cast<float*>(scale.mutable_data_ptr()), static_cast<float*>(scale_inv.mutable_data_ptr()),
+      static_cast<const float*>(fp8_max.const_data_ptr()), H, T, margin, algo, current_cuda_stream(amax));
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
+  m.impl("update_amax_history_and_scale", TORCH_BOX(&update_amax_history_and_scale_cuda));
+}
+
+}  // namespace fp8mp

@@ -1,0 +1,93 @@
+"""The fine-grained FP8 linear: three block-scaled GEMMs under RowwiseScaling, BlockScaling or MXFP8Scaling.
+
+Each GEMM needs its operands quantized along its own reduction axis, so each tensor is quantized
+once per GEMM that reads it (fp8mp.ops.block_quantize; `fp8_gemm`'s layout, a @ b.T, both K-major):
+
+    fprop: y  = x  @ W.T    a = x    [M,K] along K,   b = W    [N,K] along K
+    dgrad: dx = dy @ W      a = dy   [M,N] along N,   b = W.T  [K,N] along N
+    wgrad: dW = dy.T @ x    a = dy.T [N,M] along M,   b = x.T  [K,M] along M
+
+Activations and gradients use 1 x block_k tiles, weights weight_block_rows x block_k blocks
+(block_k = the whole K of the GEMM for rowwise). A square weight block (BlockScaling's 128 x 128)
+covers W and W.T alike, so dgrad reuses fprop's quantized weight, transposed (bytes and scales),
+as DeepSeek-V3 does; the other recipes quantize W.T afresh. Forward saves x.T and W.T already
+quantized (FP8, not the high-precision tensors). Scales come from each block's own values
+(current-style), so no Fp8Meta scale or amax is read or written.
+"""
+from __future__ import annotations
+
+import torch
+
+from fp8mp.ops.blockwise import block_quantize, block_scaled_gemm
+from fp8mp.scaling.recipe import BlockRecipe
+
+
+def _block_k(recipe: BlockRecipe, k: int) -> int:
+    return max(k, 1) if recipe.block_k is None else recipe.block_k
+
+
+def _quantize(t: torch.Tensor, block_rows: int, recipe: BlockRecipe, fmt: str):
+    """(data, scale_inv, block_rows, block_k) of a 2-D t quantized along its last axis."""
+    block_k = _block_k(recipe, t.shape[1])
+    data, scale_inv = block_quantize(t, block_rows, block_k, fmt, recipe.quantize_mode)
+    return data, scale_inv, block_rows, block_k
+
+
+def _gemm(a, b, out_dtype, bias=None):
+    """block_scaled_gemm of two _quantize results (same block_k)."""
+    (a_data, a_scale, a_rows, block_k), (b_data, b_scale, b_rows, _) = a, b
+    return block_scaled_gemm(a_data, a_scale, b_data, b_scale, a_rows, b_rows, block_k, bias, out_dtype)
+
+
+def _transposed(q):
+    """A square-block quantization of W as one of W.T: bytes and scales transposed (exact)."""
+    data, scale_inv, block_rows, block_k = q
+    data_t = data.view(torch.uint8).t().contiguous().view(data.dtype)
+    return data_t, scale_inv.t().contiguous(), block_rows, block_k
+
+
+class BlockLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, recipe, formats):
+        """x2d [M,K], weight [N,K] (may be a transposed view); formats: (forward, backward) op format strings."""
+        forward_format, backward_format = formats
+        x_q = _quantize(x2d, 1, recipe, forward_format)
+        w_q = _quantize(weight, recipe.weight_block_rows, recipe, forward_format)
+        out_bias = bias.to(x2d.dtype) if bias is not None else None
+        out = _gemm(x_q, w_q, x2d.dtype, out_bias)
+        square = recipe.weight_block_rows == recipe.block_k
+        w_t_q = _transposed(w_q) if square else _quantize(weight.t(), 1, recipe, forward_format)
+        x_t_q = _quantize(x2d.t(), 1, recipe, forward_format)
+        ctx.save_for_backward(x_t_q[0], x_t_q[1], w_t_q[0], w_t_q[1])
+        ctx.blocks = (x_t_q[2:], w_t_q[2:])
+        ctx.recipe, ctx.backward_format = recipe, backward_format
+        ctx.x_dtype = x2d.dtype
+        ctx.w_dtype = weight.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_t_data, x_t_scale, w_t_data, w_t_scale = ctx.saved_tensors
+        x_t_q, w_t_q = (x_t_data, x_t_scale, *ctx.blocks[0]), (w_t_data, w_t_scale, *ctx.blocks[1])
+        grad_out = grad_out.contiguous()
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _gemm(_quantize(grad_out, 1, ctx.recipe, ctx.backward_format), w_t_q, ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = _gemm(_quantize(grad_out.t(), 1, ctx.recipe, ctx.backward_format), x_t_q, ctx.w_dtype)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b, None, None
+
+
+def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: BlockRecipe,
+                 formats: tuple[str, str], weight_in_out: bool = False) -> torch.Tensor:
+    """y = x @ weight.T + bias for x [..., K] under a fine-grained recipe.
+
+    weight_in_out: `weight` is [K,N] (transformers' Conv1D); it is read through its transpose view.
+    """
+    x2d = x.reshape(-1, x.shape[-1])
+    w_nk = weight.t() if weight_in_out else weight
+    out = BlockLinearFunction.apply(x2d, w_nk, bias, recipe, formats)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -1,0 +1,122 @@
+"""Fine-grained (block) scaling ops: quantize with one scale per tile, and the GEMM of two such operands.
+
+Declared in csrc/ops.cpp, implemented on CPU in csrc/blockwise/ (checks in blockwise_checks.cpp,
+again in Python in checks.py for the fake kernels). The recipes of fp8mp.scaling.recipe use:
+
+================  ==============================  ==================  ==========================
+recipe            block (rows x cols)             scale_mode          scale_inv dtype
+================  ==============================  ==================  ==========================
+rowwise           1 x K                           "pow2" or "fp32"    float32
+DeepSeek-V3       activations 1 x 128,            "fp32" or "pow2"    float32
+                  weights 128 x 128
+MXFP8 (OCP MX)    1 x 32                          "e8m0_floor" /      float8_e8m0fnu
+                                                  "e8m0_rceil"
+================  ==============================  ==================  ==========================
+
+Layout: ``scale_inv`` is row-major ``[ceil(R / block_rows), ceil(C / block_cols)]`` for data
+``[R, C]``; ``scale_inv[i, j]`` dequantizes tile (i, j). This is the "naive" layout (torchao's
+to_mx before swizzling); cuBLASLt's MXFP8 path wants the scales swizzled into 128 x 4 tiles and its
+blockwise path K-major 1 x 128 scales, which a CUDA implementation rearranges. Shapes need not be
+multiples of the block: an edge tile is scaled from the elements it has (the same as zero padding),
+and the GEMM's last K chunk is shorter.
+
+Non-finite inputs are not refused: a NaN makes its tile's scale NaN (E8M0 code 255), so the whole
+tile decodes as NaN, and an Inf makes it decode as NaN too (scale_inv Inf or a NaN data code), so
+an overflow stays visible.
+
+No CUDA kernels yet: on CUDA tensors both wrappers raise NotImplementedError.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import checks
+from fp8mp.ops.errors import raising_value_errors
+from fp8mp.ops.format import FP8_DTYPES
+
+__all__ = ["block_quantize", "block_scaled_gemm", "BLOCK_SCALE_MODES"]
+
+BLOCK_SCALE_MODES = checks.BLOCK_SCALE_MODES
+
+
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+@torch.library.register_fake("fp8mp::block_quantize")
+def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
+    fmt, scale_mode = checks.check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode)
+    rows, cols = x.shape
+    scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
+    return (x.new_empty((rows, cols), dtype=FP8_DTYPES[fmt]),
+            x.new_empty((_ceil_div(rows, block_rows), _ceil_div(cols, block_cols)), dtype=scale_dtype))
+
+
+@torch.library.register_fake("fp8mp::block_scaled_gemm")
+def _block_scaled_gemm_fake(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias, out_dtype):
+    checks.check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias,
+                                        out_dtype)
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def _refuse_cuda(op: str, t: torch.Tensor) -> None:
+    if t.is_cuda:
+        raise NotImplementedError(f"fp8mp.{op}: no CUDA kernel yet (fine-grained scaling runs on CPU only in this "
+                                  "build); the cuBLASLt scale modes it needs are listed in fp8mp/ops/blockwise.py")
+
+
+@raising_value_errors
+def block_quantize(x: torch.Tensor, block_rows: int, block_cols: int, fmt: str = "e4m3",
+                   scale_mode: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D `x` to FP8 with one scale per block_rows x block_cols tile.
+
+    For each tile with ``amax = max|x|`` over the tile and ``fp8_max`` the format's largest value:
+
+    - ``"fp32"``: ``scale = float32(fp8_max / max(amax, 1e-12))`` (division in float64, as torchao's
+      ``amax_to_scale``), ``data = fp8(x * scale)``, ``scale_inv = 1 / scale``.
+    - ``"pow2"``: the same scale rounded down to a power of two (torchao's ``round_scales_to_power_of_2``),
+      so dequantization is exact. (torchao rounds with a float32 log2, which may round a scale just below
+      a power of two up; fp8mp reads the exponent, which never does.)
+    - ``"e8m0_floor"``: OCP MX v1.0, ``e = floor(log2(amax)) - emax_elem`` (emax_elem 8 for E4M3,
+      15 for E5M2), ``data = fp8(clamp(x / 2^e))``; scale_inv is the E8M0 code of ``2^e``.
+    - ``"e8m0_rceil"``: NVIDIA's rule, the smallest ``2^e >= amax / fp8_max``.
+
+    Args:
+        x: [R, C] float32, bfloat16 or float16 (made contiguous if it is not).
+        block_rows, block_cols: tile size, >= 1 (see the module docstring for edge tiles).
+        fmt: "e4m3" or "e5m2".
+        scale_mode: one of BLOCK_SCALE_MODES.
+
+    Returns:
+        (data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu).
+    """
+    _refuse_cuda("block_quantize", x)
+    return torch.ops.fp8mp.block_quantize(x, block_rows, block_cols, fmt, scale_mode)
+
+
+@raising_value_errors
+def block_scaled_gemm(a: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tensor, b_scale_inv: torch.Tensor,
+                      a_block_rows: int, b_block_rows: int, block_k: int, bias: Optional[torch.Tensor] = None,
+                      out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``out = a @ b.T`` for block-scaled FP8 operands, in the layout of nn.Linear.
+
+    The arithmetic it defines (DeepSeek-V3's "promotion to FP32 every block_k elements"): for each
+    K chunk c of block_k elements, the exact FP8 products are summed in fp32, multiplied by
+    ``a_scale_inv[m // a_block_rows, c] * b_scale_inv[n // b_block_rows, c]`` (that product in fp32)
+    and accumulated in fp32; bias is added in fp32 and the result rounded once to `out_dtype`. The
+    order of the fp32 additions inside a chunk is the fp32 GEMM's (torch's), so results agree with
+    another implementation to fp32 accumulation noise.
+
+    Args:
+        a: [M, K] float8 (activation or gradient); b: [N, K] float8 (weight); not both E5M2.
+        a_scale_inv: [ceil(M / a_block_rows), ceil(K / block_k)] float32 or float8_e8m0fnu; b_scale_inv likewise.
+        a_block_rows, b_block_rows, block_k: the blocks the scales were computed over (>= 1).
+        bias: optional [N] tensor of dtype `out_dtype`.
+        out_dtype: float32, bfloat16 or float16.
+    """
+    _refuse_cuda("block_scaled_gemm", a)
+    return torch.ops.fp8mp.block_scaled_gemm(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k,
+                                             bias, out_dtype)

@@ -1,0 +1,180 @@
+"""fp8mp.nn.Linear (and the modules built on it) under the fine-grained recipes.
+
+Rowwise against torchao's rowwise Float8Linear (emulate) on the same weights: both use the same
+power-of-two row scales and exact FP8 products, so they differ only in the order of fp32 additions.
+BlockScaling and MXFP8Scaling against a step-by-step composition of the reference quantizers and
+the chunked GEMM reference, and against fp32 by SQNR.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import fp8mp
+from blockwise_reference import block_gemm_reference, deepseek_quantize
+from fp8mp.scaling.recipe import BlockScaling, Format, MXFP8Scaling, RowwiseScaling
+from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+RECIPES = [RowwiseScaling(), RowwiseScaling(power_of_2_scales=False), BlockScaling(), BlockScaling(power_of_2_scales=True),
+           MXFP8Scaling(), MXFP8Scaling("floor"), MXFP8Scaling(fp8_format=Format.HYBRID)]
+IDS = ["rowwise", "rowwise-fp32", "block", "block-pow2", "mx-rceil", "mx-floor", "mx-hybrid"]
+
+
+def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    reference, approx = reference.double(), approx.double()
+    if torch.equal(reference, approx):
+        return math.inf
+    return 20 * math.log10(reference.norm().item() / (reference - approx).norm().item())
+
+
+def pair(in_f, out_f, seed=0):
+    torch.manual_seed(seed)
+    ref = torch.nn.Linear(in_f, out_f)
+    fp8 = fp8mp.nn.Linear(in_f, out_f)
+    fp8.load_state_dict(ref.state_dict())
+    return ref, fp8
+
+
+def step(module, x, grad, recipe=None):
+    x = x.clone().requires_grad_(True)
+    with fp8mp.fp8_autocast(fp8_recipe=recipe):
+        out = module(x)
+    out.backward(grad)
+    return out, x.grad
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=IDS)
+def test_forward_and_backward_are_close_to_fp32(recipe):
+    ref, fp8 = pair(256, 192)
+    x, g = torch.randn(4, 40, 256), torch.randn(4, 40, 192)
+    out_ref, dx_ref = step(ref, x, g)
+    out, dx = step(fp8, x, g, recipe)
+    assert out.shape == out_ref.shape and out.dtype == torch.float32
+    for a, b in ((out_ref, out), (dx_ref, dx), (ref.weight.grad, fp8.weight.grad)):
+        assert sqnr_db(a, b) > 22
+    assert torch.allclose(ref.bias.grad, fp8.bias.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_rowwise_matches_torchao_rowwise_float8linear_emulate():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(192, 160))
+    ours = fp8mp.convert(copy.deepcopy(ref))
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("rowwise"), emulate=True)
+    theirs = convert_to_float8_training(copy.deepcopy(ref), config=config)
+    x = (torch.randn(96, 192) * torch.exp2(torch.randn(96, 1) * 2)).requires_grad_(True)
+    g = torch.randn(96, 160)
+    x2 = x.detach().clone().requires_grad_(True)
+    out_theirs = theirs(x2)
+    out_theirs.backward(g)
+    with fp8mp.fp8_autocast(fp8_recipe=RowwiseScaling()):
+        out_ours = ours(x)
+    out_ours.backward(g)
+    # Same scales, exact products: only the fp32 summation order differs (a few fp32 ulps of sum |terms|).
+    for a, b in ((out_theirs, out_ours), (x2.grad, x.grad), (theirs[0].weight.grad, ours[0].weight.grad)):
+        assert torch.allclose(a, b, rtol=2e-5, atol=1e-5 * a.abs().max().item())
+        assert sqnr_db(a, b) > 90
+
+
+@pytest.mark.parametrize("recipe", [BlockScaling(), MXFP8Scaling()], ids=["block", "mx"])
+def test_forward_is_the_reference_quantizers_and_chunked_gemm(recipe):
+    """Bit for bit, where the chunk sums are exact in fp32: integer-valued inputs and weights."""
+    torch.manual_seed(1)
+    x = torch.randint(-6, 7, (24, 256)).float()
+    w = torch.randint(-6, 7, (136, 256)).float()
+    layer = fp8mp.nn.Linear(256, 136, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    with fp8mp.fp8_autocast(fp8_recipe=recipe):
+        out = layer(x)
+    if isinstance(recipe, BlockScaling):
+        xq, sx = deepseek_quantize(x, 1, 128, torch.float8_e4m3fn)
+        wq, sw = deepseek_quantize(w, 128, 128, torch.float8_e4m3fn)
+        expected = block_gemm_reference(xq, sx, wq, sw, 1, 128, 128)
+    else:
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        sx, xq = to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
+        sw, wq = to_mx(w, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
+        expected = block_gemm_reference(xq, sx.reshape(24, 8), wq, sw.reshape(136, 8), 1, 1, 32)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("recipe", RECIPES[::2], ids=IDS[::2])
+def test_conv1d_and_layernorm_linear_and_bf16_run_under_block_recipes(recipe):
+    lnl = fp8mp.nn.LayerNormLinear(48, 80)
+    conv = fp8mp.nn.Conv1D(64, 80)  # transformers' layout: nf (out) = 64, nx (in) = 80
+    x = torch.randn(3, 17, 48, requires_grad=True)
+    with fp8mp.fp8_autocast(fp8_recipe=recipe):
+        for _ in range(2):  # the second step takes LayerNormLinear's path for initialized modules
+            out = conv(lnl(x))
+            out.sum().backward()
+    assert conv.weight.grad is not None and lnl.norm.weight.grad is not None and x.grad.isfinite().all()
+    layer = fp8mp.nn.Linear(64, 32).bfloat16()
+    xb = torch.randn(5, 64, dtype=torch.bfloat16, requires_grad=True)
+    with fp8mp.fp8_autocast(fp8_recipe=recipe):
+        out = layer(xb)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.bfloat16
+
+
+def test_fp8_weight_storage_refuses_block_recipes_clearly():
+    with fp8mp.fp8_model_init():
+        layer = fp8mp.nn.Linear(32, 16)
+    with pytest.raises(NotImplementedError, match="BlockScaling needs block scales"):
+        with fp8mp.fp8_autocast(fp8_recipe=BlockScaling()), torch.no_grad():
+            layer.eval()(torch.randn(2, 32))
+
+
+@pytest.mark.parametrize("scaling, cls", [("rowwise", RowwiseScaling), ("block", BlockScaling), ("mxfp8", MXFP8Scaling)])
+def test_trainer_config_scaling_names_the_recipes(scaling, cls):
+    config = fp8mp.training.TrainerConfig(scaling=scaling)
+    assert config.fp8_recipe() == cls(fp8_format=Format.HYBRID)
+
+
+def test_recipes_are_frozen_and_checked():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BlockScaling().power_of_2_scales = True
+    with pytest.raises(ValueError, match="scale_mode must be one of"):
+        MXFP8Scaling("even")
+    with pytest.raises(ValueError, match="power_of_2_scales must be a bool"):
+        RowwiseScaling(power_of_2_scales=1)
+    with pytest.raises(ValueError, match="E5M2 x E5M2"):
+        with fp8mp.fp8_autocast(fp8_recipe=MXFP8Scaling(fp8_format=Format.E5M2)):
+            pass
+    assert fp8mp.recipe.MXFP8Scaling is MXFP8Scaling
+
+
+def test_compile_fullgraph_has_no_graph_break():
+    layer = fp8mp.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+
+    def f(x):
+        with fp8mp.fp8_autocast(fp8_recipe=BlockScaling()):
+            return layer(x)
+
+    eager = f(x)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(eager, compiled)
+
+
+def test_convert_pins_a_block_recipe():
+    model = fp8mp.convert(torch.nn.Sequential(torch.nn.Linear(64, 32)), recipe=MXFP8Scaling("floor"))
+    with fp8mp.fp8_autocast():  # the pinned recipe wins over the context's default
+        out = model(torch.randn(4, 64))
+    assert model[0].fp8_meta.recipe == MXFP8Scaling("floor") and out.isfinite().all()
+
+
+def test_fp8_group_reduces_nothing_for_block_recipes():
+    from fp8mp.scaling import distributed
+    layer, group = fp8mp.nn.Linear(64, 32), object()
+    with fp8mp.fp8_autocast(fp8_recipe=BlockScaling()):
+        layer(torch.randn(4, 64))
+    distributed.remember_modules(group, [layer])
+    assert distributed._PENDING.pop(group) == {}
+    layer.fp8_meta.configure(fp8mp.recipe.CurrentScaling())  # a per-tensor recipe does have amaxes to reduce
+    distributed.remember_modules(group, [layer])
+    assert list(distributed._PENDING.pop(group)) == [id(layer)]

@@ -1,0 +1,146 @@
+"""Threads sharing a model: fp8_autocast and fp8_model_init are per thread, and FP8 scaling updates of
+one module do not interleave. Each threaded run must equal the same calls made one after the other."""
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+import fp8mp
+from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling
+
+CALLS = 24
+
+
+def run_in_threads(*targets):
+    """Start every target at once (a barrier), join them, re-raise the first exception."""
+    barrier, errors = threading.Barrier(len(targets)), []
+
+    def wrap(target):
+        def run():
+            try:
+                barrier.wait()
+                target()
+            except BaseException as error:  # noqa: BLE001 (re-raised in the main thread)
+                errors.append(error)
+        return run
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def test_fp8_autocast_state_is_per_thread():
+    inside, checked = threading.Event(), threading.Event()
+    seen = {}
+
+    def fp8_thread():
+        with fp8mp.fp8_autocast(fp8_recipe=CurrentScaling()):
+            inside.set()
+            checked.wait(timeout=30)
+            seen["own"] = (fp8mp.is_fp8_enabled(), type(fp8mp.get_fp8_recipe()))
+
+    thread = threading.Thread(target=fp8_thread)
+    thread.start()
+    assert inside.wait(timeout=30)
+    seen["other"] = (fp8mp.is_fp8_enabled(), fp8mp.get_fp8_recipe())  # while the other thread is inside
+    with fp8mp.fp8_autocast(enabled=False):
+        seen["nested"] = fp8mp.is_fp8_enabled()
+    checked.set()
+    thread.join()
+    assert seen == {"other": (False, None), "nested": False, "own": (True, CurrentScaling)}
+
+
+def test_fp8_model_init_is_per_thread():
+    inside, built = threading.Event(), threading.Event()
+    layers = {}
+
+    def init_thread():
+        with fp8mp.fp8_model_init():
+            inside.set()
+            built.wait(timeout=30)
+            layers["inside"] = fp8mp.nn.Linear(16, 16)
+
+    thread = threading.Thread(target=init_thread)
+    thread.start()
+    assert inside.wait(timeout=30)
+    layers["other"] = fp8mp.nn.Linear(16, 16)
+    built.set()
+    thread.join()
+    assert layers["inside"].stores_fp8_weight and not layers["other"].stores_fp8_weight
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return fp8mp.convert(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)))
+
+
+def inputs(seed: int, count: int = CALLS) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(128, 64, generator=gen) * (1 + i % 5) for i in range(count)]
+
+
+def calls(model, xs, recipe, results):
+    """Forward and input gradient of each x, in FP8 with `recipe` (None: out of FP8)."""
+    def run():
+        for x in xs:
+            x = x.clone().requires_grad_()
+            with fp8mp.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+                out = model(x)
+            (grad,) = torch.autograd.grad(out.square().sum(), x)
+            results.append((out.detach(), grad))
+    return run
+
+
+def assert_same(got, expected):
+    assert len(got) == len(expected)
+    for i, ((out, grad), (out_ref, grad_ref)) in enumerate(zip(got, expected)):
+        assert torch.equal(out, out_ref) and torch.equal(grad, grad_ref), f"call {i} differs"
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_one_model_in_and_out_of_fp8_in_two_threads_at_once_equals_serial(compiled):
+    prepare = (lambda m: torch.compile(m, fullgraph=True, backend="aot_eager")) if compiled else (lambda m: m)
+    recipe = DelayedScaling(amax_history_len=4)
+    serial_model, threaded_model = make_model(), make_model()
+    serial = {"fp8": [], "high": []}
+    calls(prepare(serial_model), inputs(1), recipe, serial["fp8"])()
+    calls(prepare(serial_model), inputs(2), None, serial["high"])()
+    threaded = {"fp8": [], "high": []}
+    model = prepare(threaded_model)
+    run_in_threads(calls(model, inputs(1), recipe, threaded["fp8"]), calls(model, inputs(2), None, threaded["high"]))
+    assert_same(threaded["fp8"], serial["fp8"])
+    assert_same(threaded["high"], serial["high"])
+    for a, b in zip(threaded_model.modules(), serial_model.modules()):  # the same scaling history
+        if isinstance(a, fp8mp.nn.Linear):
+            assert torch.equal(a.fp8_meta.amax_history, b.fp8_meta.amax_history)
+
+
+def test_two_fp8_threads_on_one_model_do_not_interleave_scale_updates_and_casts():
+    # Under current scaling each call's scales come from its own input and gradient, so the results do
+    # not depend on the order of the calls: two threads must get what each gets alone. Without the
+    # module's lock one thread casts with the scale the other just set.
+    recipe = CurrentScaling()
+    model = make_model()
+    alone = {1: [], 2: []}
+    for seed in alone:
+        calls(model, inputs(seed, 4 * CALLS), recipe, alone[seed])()
+    together = {1: [], 2: []}
+    run_in_threads(*(calls(model, inputs(seed, 4 * CALLS), recipe, together[seed]) for seed in together))
+    for seed in alone:
+        assert_same(together[seed], alone[seed])
+
+
+def test_a_copied_or_pickled_module_gets_its_own_lock():
+    layer = fp8mp.nn.Linear(16, 16)
+    clone = copy.deepcopy(layer)
+    assert clone.fp8_meta._lock is not layer.fp8_meta._lock
+    with clone.fp8_meta.lock():
+        assert layer.fp8_meta._lock.acquire(blocking=False)
+        layer.fp8_meta._lock.release()

@@ -1,0 +1,84 @@
+"""fp8_gemm's two CPU paths (csrc/gemm/cpu_bf16_gemm.h): FP8 -> fp32 with torch's fp32 GEMM, and
+FP8 -> bf16 with MKL's bf16 x bf16 -> fp32 GEMM. Each is forced in a subprocess (the path is
+decided once per process) and checked against float64 products of ml_dtypes-decoded operands:
+exactly where every order of additions gives the same fp32 sum, else within the fp32
+accumulation bound; and the automatic choice follows the CPU's bf16 matrix units."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from fp8mp.ops import cpu_gemm_path
+from gemm_reference import FP32_ACC_RTOL
+
+WORKER = Path(__file__).with_name("gemm_path_worker.py")
+ML = {"torch.float8_e4m3fn": ml_dtypes.float8_e4m3fn, "torch.float8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def bf16_gemm_in_process() -> bool:
+    """Whether torch's libtorch_cpu (already loaded: same handle) exports MKL's bf16 GEMM."""
+    libtorch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    return hasattr(libtorch_cpu, "cblas_gemm_bf16bf16f32")
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def forced(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gemm_path") / f"{request.param}.pt"
+    env = dict(os.environ, FP8MP_CPU_GEMM=request.param)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    subprocess.run([sys.executable, str(WORKER), str(out)], env=env, check=True, timeout=600)
+    return request.param, torch.load(out)
+
+
+def decoded_f64(codes: torch.Tensor, dtype: str) -> np.ndarray:
+    return codes.numpy().view(ML[dtype]).astype(np.float64)
+
+
+def reference(case) -> tuple[np.ndarray, np.ndarray]:
+    a_codes, a_dtype, b_codes, b_dtype, _ = case
+    a, b = decoded_f64(a_codes, a_dtype), decoded_f64(b_codes, b_dtype)
+    return a @ b.T, np.abs(a) @ np.abs(b).T
+
+
+def test_the_forced_path_is_taken(forced):
+    path, results = forced
+    want_bf16 = path == "bf16" and bf16_gemm_in_process()
+    assert results["path"] == ("bf16" if want_bf16 else "fp32")
+
+
+@pytest.mark.parametrize("name", ["integers", "all_max", "cancelling"])
+def test_exact_where_every_order_agrees(forced, name):
+    """Integers below 2^24, or multiples of 448^2 below 2^24 * 448^2: every partial sum is exact in fp32."""
+    case = forced[1]["cases"][name]
+    ref, _ = reference(case)
+    np.testing.assert_array_equal(case[4].double().numpy(), ref)
+
+
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows"])
+def test_within_fp32_accumulation_bound(forced, name):
+    case = forced[1]["cases"][name]
+    ref, abs_sum = reference(case)
+    err = np.abs(case[4].double().numpy() - ref)
+    assert (err <= FP32_ACC_RTOL * abs_sum).all(), f"max error {err.max()!r}, bound {FP32_ACC_RTOL * abs_sum.max()!r}"
+
+
+def test_automatic_choice_follows_bf16_matrix_units():
+    if os.environ.get("FP8MP_CPU_GEMM"):
+        pytest.skip("FP8MP_CPU_GEMM set for this process")
+    has_units = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    assert cpu_gemm_path() == ("bf16" if has_units and bf16_gemm_in_process() else "fp32")

@@ -1,0 +1,98 @@
+"""What the build promises: native libraries on the LibTorch stable ABI only, CUDA code for every
+FP8 GPU generation, the CUDA kernels registered, and package metadata that pins no torch."""
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import fp8mp
+from fp8mp.ops import _build_info
+
+PACKAGE = os.path.dirname(os.path.abspath(fp8mp.__file__))
+
+
+def find_cuobjdump() -> str:
+    """The CUDA toolkit's cuobjdump, or the copy triton (a dependency of CUDA builds of torch) ships."""
+    candidates = [shutil.which("cuobjdump") or "", "/usr/local/cuda/bin/cuobjdump"]
+    try:
+        import triton
+        candidates.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and os.path.exists(c)), "cuobjdump")
+
+
+CUOBJDUMP = find_cuobjdump()
+WANTED_ARCHS = ["sm_89", "sm_90", "sm_100", "sm_120"]  # Ada, Hopper, Blackwell (datacenter, consumer)
+OPS = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "update_amax_history_and_scale", "fp8_gemm",
+       "layernorm_fwd", "layernorm_fwd_fp8", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_fwd_fp8", "rmsnorm_bwd"]
+needs_cuda_build = pytest.mark.skipif(_build_info.CUDA is None, reason="CPU-only build of fp8mp: no CUDA library")
+
+
+def libraries() -> list[str]:
+    return sorted(glob.glob(os.path.join(PACKAGE, "_C*.so")) + glob.glob(os.path.join(PACKAGE, "_cuda_ops*.so")))
+
+
+def test_the_libraries_are_abi3_and_target_torch_2_11():
+    names = [os.path.basename(p) for p in libraries()]
+    assert "_C.abi3.so" in names, names
+    assert all(n.endswith(".abi3.so") for n in names), names
+    assert tuple(_build_info.TORCH_TARGET) == (2, 11)
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+@pytest.mark.parametrize("library", libraries(), ids=os.path.basename)
+def test_the_libraries_use_only_the_stable_c_shim_of_torch(library):
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", library], capture_output=True, text=True,
+                               check=True).stdout.split()
+    # Itanium-mangled C++ names of torch's namespaces: c10::, at::, torch:: (N3c10, N2at, N5torch).
+    torch_cpp = [s for s in undefined if re.search(r"N3c10|N2at|N5torch|_ZN3c10|_ZN2at|_ZN5torch", s)]
+    assert not torch_cpp, f"{library} links torch's C++ ABI: {torch_cpp[:5]}"
+    assert any(s.startswith(("aoti_torch_", "torch_")) for s in undefined)
+
+
+@needs_cuda_build
+@pytest.mark.skipif(not os.path.exists(CUOBJDUMP), reason="needs the CUDA toolkit's cuobjdump")
+def test_the_cuda_library_holds_code_for_every_fp8_gpu_and_ptx():
+    cuda_library = glob.glob(os.path.join(PACKAGE, "_cuda_ops*.so"))[0]
+    elf = subprocess.run([CUOBJDUMP, "--list-elf", cuda_library], capture_output=True, text=True, check=True).stdout
+    ptx = subprocess.run([CUOBJDUMP, "--list-ptx", cuda_library], capture_output=True, text=True, check=True).stdout
+    for arch in WANTED_ARCHS:
+        assert f".{arch}." in elf, f"no {arch} code in {cuda_library}:\n{elf}"
+    assert "sm_120" in ptx, f"no PTX for newer GPUs in {cuda_library}:\n{ptx}"
+
+
+@needs_cuda_build
+@pytest.mark.skipif(torch.version.cuda is None, reason="torch is a CPU build: the CUDA library is not loaded")
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_has_a_cuda_kernel(op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fp8mp::{op}", "CUDA")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_has_a_cpu_kernel(op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fp8mp::{op}", "CPU")
+
+
+def test_cuda_kernels_status_says_what_is_there():
+    status = fp8mp.cuda_kernels_status()
+    assert status.startswith("fp8mp CUDA kernels: ")
+    assert ("not built" in status) == (_build_info.CUDA is None)
+
+
+def test_the_package_metadata_pins_no_torch():
+    pyproject = os.path.join(os.path.dirname(PACKAGE), "pyproject.toml")
+    if os.path.exists(pyproject):  # the source tree
+        with open(pyproject) as f:
+            requires = re.search(r"^dependencies = \[(.*?)\]", f.read(), re.M).group(1).replace('"', "").split(", ")
+    else:  # an installed wheel
+        requires = importlib.metadata.requires("fp8mp")
+    torch_requirements = [r.replace(" ", "") for r in requires if r.startswith("torch")]
+    assert torch_requirements == ["torch>=2.11"], requires
