@@ -39,7 +39,7 @@ WHEEL_STAMP := $(VENV)/.wheel-stamp
 
 .PHONY: demo test test-cpp test-py test-wheels user-install build wheel bench system-deps clean
 
-demo: build
+demo: wheel
 	$(PY) examples/train_gpt.py
 
 test: test-cpp test-py user-install test-wheels
@@ -94,7 +94,7 @@ test-wheel-torch%: wheel
 user-install:
 	.ci/user_install.sh
 
-bench: build
+bench: wheel
 	$(PY) benchmarks/bench_cast.py
 
 clean:
