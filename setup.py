@@ -96,8 +96,9 @@ LINK_STRIP = ["-Wl,--strip-all", "-Wl,--as-needed"]
 
 
 def stable_abi_only(ext, extra_libraries=()):
-    """Link only what the stable ABI needs: libtorch_cpu exports the C shim (torch_*, aoti_torch_*);
-    libc10 / libtorch / libtorch_python, which cpp_extension adds, hold no symbol these libraries use."""
+    """Link only what the stable ABI needs: libtorch_cpu exports the C shim (torch_*, aoti_torch_*),
+    libtorch_cuda its CUDA part; libc10 / libtorch / libtorch_python, which cpp_extension adds, hold no
+    symbol these libraries use."""
     ext.libraries = ["torch_cpu", *extra_libraries]
     return ext
 
@@ -110,7 +111,7 @@ def cpu_extension():
 
 def cuda_extension():
     # The CUDA library carries its own copy of the argument checks, so it needs nothing from _C but the schema.
-    checks = [s for s in sources("*_checks.cpp")] + [os.path.join(CSRC, "common", "op_checks.cpp")]
+    checks = sources("*_checks.cpp")  # common/op_checks.cpp and each family's
     cuda_sources = sources("*.cu") + [s for s in sources("*.cpp") if is_cuda_source(s)] + checks
     nvcc_flags = ["-O3", "--fmad=false", "-lineinfo", "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"]
     ext = CUDAExtension(
@@ -121,7 +122,7 @@ def cuda_extension():
         extra_link_args=LINK_STRIP + [cublaslt_library()],
         **COMMON,
     )
-    return stable_abi_only(ext, ["cudart"])
+    return stable_abi_only(ext, ["torch_cuda", "cudart"])  # libtorch_cuda: the CUDA part of the shim (current stream)
 
 
 def write_build_info(cuda: bool) -> None:

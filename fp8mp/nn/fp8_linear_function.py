@@ -22,6 +22,8 @@ FP32 master, or None) that receives the weight gradient.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fp8mp.scaling import distributed
@@ -50,7 +52,8 @@ class Fp8LinearFunction(torch.autograd.Function):
 
         formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
         callable setting the grad_output scale from the gradient itself (current scaling).
-        lock: the module's Fp8Meta.lock(), held by backward around its scale update and cast.
+        lock: the module's Fp8Meta.backward_lock(), held by backward around its scale update and cast
+            (None while torch.compile traces).
         fp8_weight: None, or (w_fp8 [N,K] float8_e4m3fn, w_scale_inv [1]): a stored FP8 weight used
         instead of casting `weight`, which then only receives the gradient (it may be None).
         fp8_input: None, or (x_fp8, x_fp8_t) already cast with the INPUT scale (by a fused norm, see
@@ -99,7 +102,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
-        with ctx.lock:
+        with ctx.lock if ctx.lock is not None else contextlib.nullcontext():
             if ctx.grad_scale_fn is not None:
                 ctx.grad_scale_fn(grad_out)
             g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD),
@@ -168,7 +171,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
     out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
-                                  formats, grad_scale_fn, meta.lock(), fp8_weight, None, weight_in_out,
+                                  formats, grad_scale_fn, meta.backward_lock(), fp8_weight, None, weight_in_out,
                                   gemm_fast_accum(meta.recipe))
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -73,7 +73,7 @@ def fp8_model_init(enabled: bool = True) -> Iterator[None]:
 def is_fp8_model_init() -> bool:
     """True inside `fp8_model_init()` in this thread (the innermost context wins)."""
     stack = _INIT_CONTEXTS.stack
-    return bool(stack) and stack[-1]
+    return len(stack) > 0 and stack[-1]  # len(): dynamo of torch 2.11 cannot trace bool(list)
 
 
 @torch.no_grad()

@@ -70,7 +70,7 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
         meta.scale[INPUT : INPUT + 1], meta.amax[INPUT : INPUT + 1], formats[0],
     )
     out = Fp8LinearFunction.apply(route, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
-                                  formats, grad_scale_fn, meta.lock(), None, (y_fp8, y_fp8_t), False,
+                                  formats, grad_scale_fn, meta.backward_lock(), None, (y_fp8, y_fp8_t), False,
                                   gemm_fast_accum(meta.recipe))
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])

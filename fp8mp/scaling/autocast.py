@@ -109,7 +109,7 @@ def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None, fp8_gro
 def is_fp8_enabled() -> bool:
     """True inside an enabled fp8_autocast of this thread (the innermost context wins)."""
     stack = _CONTEXTS.stack
-    return bool(stack) and stack[-1].enabled
+    return len(stack) > 0 and stack[-1].enabled  # len(): dynamo of torch 2.11 cannot trace bool(list)
 
 
 def get_fp8_recipe() -> Recipe | None:
@@ -143,7 +143,7 @@ def record_module(module: torch.nn.Module) -> bool:
     compiled modules are reduced at the next `fp8_autocast(fp8_group=...)` entry too.
     """
     stack = _CONTEXTS.stack
-    ran_before = bool(stack) and id(module) in stack[-1]._modules
+    ran_before = len(stack) > 0 and id(module) in stack[-1]._modules
     for state in stack:
         state._modules[id(module)] = module
     if torch.is_grad_enabled() and id(module) not in _CONTEXTS.unchecked:

@@ -104,6 +104,11 @@ class Fp8Meta(torch.nn.Module):
         takes no Python lock, so threads sharing a compiled FP8 model must take turns themselves)."""
         return _NO_LOCK if torch.compiler.is_compiling() else self._lock
 
+    def backward_lock(self):
+        """The lock the FP8 autograd functions' backward takes: this module's lock, or None while
+        torch.compile traces (torch 2.11's dynamo cannot pass a context manager into autograd.Function)."""
+        return None if torch.compiler.is_compiling() else self._lock
+
     def __getstate__(self) -> dict:  # a lock cannot be copied or pickled; a copy gets its own
         state = self.__dict__.copy()
         state.pop("_lock", None)
