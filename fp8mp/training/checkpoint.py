@@ -91,6 +91,13 @@ def read_file(path: Path) -> dict:
     return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
 
 
+def _remove(entry: Path) -> None:
+    if entry.is_dir():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
 def _sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -177,11 +184,11 @@ class CheckpointFolder:
     def _prune(self) -> None:
         """Keep the newest `keep_last` checkpoints; remove the `.tmp-*` leftovers of killed saves."""
         for step in self.steps()[self.keep_last:]:
-            for entry in (self._entry(step, folder=True), self._entry(step, folder=False)):
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            _remove(self._entry(step, folder=True))
+            _remove(self._entry(step, folder=False))
         for entry in self.path.glob(".tmp-*"):
             if not entry.name.endswith(f"-{os.getpid()}"):
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+                _remove(entry)
 
     # ------------------------------------------------------------------- load
     def load_newest(self, sharded: dict | None = None) -> tuple[int, dict] | None:
@@ -198,7 +205,7 @@ class CheckpointFolder:
         logger.warning("fp8mp: checkpoint %s is unusable (%s); renamed it %s.corrupt and trying an older one",
                        entry, reason, entry.name)
         target = entry.with_name(entry.name + ".corrupt")
-        shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        _remove(target)
         os.replace(entry, target)
 
     def _load_local(self) -> tuple[int, dict] | None:
