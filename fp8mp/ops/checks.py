@@ -62,6 +62,18 @@ def parse_format(fmt: str, op: str) -> str:
     _require(lower in FP8_DTYPES, ValueError, f"{op}: argument 'fmt' must be 'e4m3' or 'e5m2', got '{fmt}'")
     return lower
 
+def _check_gemm_bias(bias, a, b, out_dtype, op: str) -> None:
+    """The optional [N] bias of out = a @ b.T, added in out_dtype on a's device."""
+    if bias is None:
+        return
+    _require(bias.dtype == out_dtype, RuntimeError,
+             f"{op}: argument 'bias' must have dtype out_dtype = {dtype_name(out_dtype)}, got {dtype_name(bias.dtype)}")
+    _require(bias.device == a.device, RuntimeError,
+             f"{op}: argument 'bias' must be on the input's device {a.device}, got {bias.device}")
+    _require(bias.dim() == 1 and bias.shape[0] == b.shape[0], ValueError,
+             f"{op}: argument 'bias' must have shape [N] = [{b.shape[0]}], got shape {sizes(bias)}")
+
+
 
 def format_of(t: torch.Tensor, op: str, arg: str) -> str:
     for fmt, dtype in FP8_DTYPES.items():
@@ -151,13 +163,7 @@ def check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, bias, out_dtype) -> None
     _require(b.dim() == 2, ValueError, f"{op}: argument 'b' must be 2-D [N, K], got shape {sizes(b)}")
     _require(b.shape[1] == a.shape[1], ValueError,
              f"{op}: argument 'b' must be [N, K] with K = a.size(1) = {a.shape[1]} (out = a @ b.T), got shape {sizes(b)}")
-    if bias is not None:
-        _require(bias.dtype == out_dtype, RuntimeError,
-                 f"{op}: argument 'bias' must have dtype out_dtype = {dtype_name(out_dtype)}, got {dtype_name(bias.dtype)}")
-        _require(bias.device == a.device, RuntimeError,
-                 f"{op}: argument 'bias' must be on the input's device {a.device}, got {bias.device}")
-        _require(bias.dim() == 1 and bias.shape[0] == b.shape[0], ValueError,
-                 f"{op}: argument 'bias' must have shape [N] = [{b.shape[0]}], got shape {sizes(bias)}")
+    _check_gemm_bias(bias, a, b, out_dtype, op)
 
 
 # ------------------------------------------------------------------------ norm (norm/norm_checks.cpp)
@@ -298,10 +304,4 @@ def check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows: i
     _check_block_size(block_k, op, "block_k")
     _check_block_scale(a_scale_inv, a, a_block_rows, block_k, op, "a_scale_inv")
     _check_block_scale(b_scale_inv, b, b_block_rows, block_k, op, "b_scale_inv")
-    if bias is not None:
-        _require(bias.dtype == out_dtype, RuntimeError,
-                 f"{op}: argument 'bias' must have dtype out_dtype = {dtype_name(out_dtype)}, got {dtype_name(bias.dtype)}")
-        _require(bias.device == a.device, RuntimeError,
-                 f"{op}: argument 'bias' must be on the input's device {a.device}, got {bias.device}")
-        _require(bias.dim() == 1 and bias.shape[0] == b.shape[0], ValueError,
-                 f"{op}: argument 'bias' must have shape [N] = [{b.shape[0]}], got shape {sizes(bias)}")
+    _check_gemm_bias(bias, a, b, out_dtype, op)
