@@ -62,6 +62,7 @@ def parse_format(fmt: str, op: str) -> str:
     _require(lower in FP8_DTYPES, ValueError, f"{op}: argument 'fmt' must be 'e4m3' or 'e5m2', got '{fmt}'")
     return lower
 
+
 def _check_gemm_bias(bias, a, b, out_dtype, op: str) -> None:
     """The optional [N] bias of out = a @ b.T, added in out_dtype on a's device."""
     if bias is None:
