@@ -1,7 +1,9 @@
-"""torch.library.opcheck for ops whose inputs may be float8 tensors."""
+"""Checks every fp8mp op gets: torch.library.opcheck with float8 inputs, and the same error from every kernel."""
 from __future__ import annotations
 
+import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -20,3 +22,14 @@ def opcheck_fp8_aware(op, args) -> None:
     before = [a.view(torch.uint8).clone() for a in fp8_inputs]
     torch.library.opcheck(op, args, test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     assert all(torch.equal(a.view(torch.uint8), b) for a, b in zip(fp8_inputs, before))
+
+
+def error_of(call, device: str) -> tuple[type, str]:
+    """The exception type and message of `call(device)`; device "fake" runs call("cpu") under FakeTensorMode."""
+    with pytest.raises((RuntimeError, ValueError, TypeError)) as info:
+        if device == "fake":
+            with FakeTensorMode():
+                call("cpu")
+        else:
+            call(device)
+    return info.type, str(info.value)

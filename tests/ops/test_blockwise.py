@@ -10,11 +10,10 @@ import re
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp8mp  # noqa: F401
 from fp8mp.ops import block_quantize, block_scaled_gemm
-from opcheck_util import opcheck_fp8_aware
+from opcheck_util import error_of, opcheck_fp8_aware
 from blockwise_reference import FP8_MAX, block_gemm_reference, deepseek_quantize
 
 from torchao.float8.config import ScalingGranularity
@@ -220,16 +219,6 @@ BAD_CALLS = {
     "gemm block_k": lambda d: _gemm(d, block_k=0),
     "gemm bias": lambda d: _gemm(d, bias=torch.ones(4, device=d)),
 }
-
-
-def error_of(call, device):
-    with pytest.raises((RuntimeError, ValueError)) as info:
-        if device == "fake":
-            with FakeTensorMode():
-                call("cpu")
-        else:
-            call(device)
-    return info.type, str(info.value)
 
 
 @pytest.mark.parametrize("name", list(BAD_CALLS))

@@ -14,6 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp8mp  # noqa: F401  (registers the ops)
+from opcheck_util import error_of
 
 ops = torch.ops.fp8mp
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -96,16 +97,6 @@ BAD_CALLS = {
     "scaling margin": lambda d: scaling(d, margin=-1),
     "scaling algo": lambda d: scaling(d, algo="mean"),
 }
-
-
-def error_of(call, device: str) -> tuple[type, str]:
-    with pytest.raises((RuntimeError, ValueError, TypeError)) as info:
-        if device == "fake":
-            with FakeTensorMode():
-                call("cpu")
-        else:
-            call(device)
-    return info.type, str(info.value)
 
 
 @pytest.mark.parametrize("name", list(BAD_CALLS))
