@@ -37,7 +37,7 @@ from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
-__all__ = ["block_quantize", "block_scaled_gemm", "BLOCK_SCALE_MODES"]
+__all__ = ["block_quantize", "block_scaled_gemm", "block_dequantize", "BLOCK_SCALE_MODES"]
 
 BLOCK_SCALE_MODES = checks.BLOCK_SCALE_MODES
 
@@ -120,3 +120,20 @@ def block_scaled_gemm(a: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tenso
     _refuse_cuda("block_scaled_gemm", a)
     return torch.ops.fp8mp.block_scaled_gemm(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k,
                                              bias, out_dtype)
+
+
+def block_dequantize(data: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, block_cols: int,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The values a block_quantize result stands for: ``fp32(data) * scale_inv[tile]``, rounded once to `dtype`.
+
+    data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu.
+    (Composite torch ops: each element is one fp32 multiplication, exact for power-of-two scales.)
+    """
+    rows, cols = data.shape
+    expected = (_ceil_div(rows, block_rows), _ceil_div(cols, block_cols))
+    if tuple(scale_inv.shape) != expected:
+        raise ValueError(f"fp8mp.block_dequantize: argument 'scale_inv' must have shape {expected} for data "
+                         f"{tuple(data.shape)} in {block_rows} x {block_cols} blocks, got {tuple(scale_inv.shape)}")
+    per_element = scale_inv.float().repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
+    return (data.float() * per_element[:rows, :cols]).to(dtype)
+

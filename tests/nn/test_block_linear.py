@@ -121,10 +121,11 @@ def test_conv1d_and_layernorm_linear_and_bf16_run_under_block_recipes(recipe):
     assert out.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.bfloat16
 
 
-def test_fp8_weight_storage_refuses_block_recipes_clearly():
-    with fp8mp.fp8_model_init():
+def test_per_tensor_fp8_weight_storage_refuses_block_recipes_clearly():
+    with fp8mp.fp8_model_init():  # no recipe: one per-tensor scale (tests/nn/test_block_fp8_weights.py stores blocks)
         layer = fp8mp.nn.Linear(32, 16)
-    with pytest.raises(NotImplementedError, match="BlockScaling needs block scales"):
+    with pytest.raises(RuntimeError, match=r"stored for per-tensor scaling .* runs under BlockScaling, which needs "
+                                           r"BlockScaling \(128 x 128 blocks.*fp8_model_init\(recipe=\.\.\.\)"):
         with fp8mp.fp8_autocast(fp8_recipe=BlockScaling()), torch.no_grad():
             layer.eval()(torch.randn(2, 32))
 
@@ -178,3 +179,4 @@ def test_fp8_group_reduces_nothing_for_block_recipes():
     layer.fp8_meta.configure(fp8mp.recipe.CurrentScaling())  # a per-tensor recipe does have amaxes to reduce
     distributed.remember_modules(group, [layer])
     assert list(distributed._PENDING.pop(group)) == [id(layer)]
+
