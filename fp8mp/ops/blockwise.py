@@ -24,7 +24,9 @@ Non-finite inputs are not refused: a NaN makes its tile's scale NaN (E8M0 code 2
 tile decodes as NaN, and an Inf makes it decode as NaN too (scale_inv Inf or a NaN data code), so
 an overflow stays visible.
 
-No CUDA kernels yet: on CUDA tensors both wrappers raise NotImplementedError.
+No CUDA kernels yet: fp8mp registers these ops for CPU only, and on CUDA tensors the wrappers and
+the fake kernels (so torch.compile's tracing too) raise NotImplementedError before any work, never
+falling back to something else.
 """
 from __future__ import annotations
 
@@ -46,8 +48,19 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
+CUDA_MISSING = ("fp8mp's CUDA block-scaled kernels are not built (this fp8mp has CPU kernels only for "
+                "fine-grained scaling; the cuBLASLt scale modes they need are listed in fp8mp/ops/blockwise.py)")
+
+
+def refuse_cuda(what: str, *tensors) -> None:
+    """NotImplementedError naming `what` when any of `tensors` is on CUDA (no CUDA kernels, no fallback)."""
+    if any(t is not None and t.is_cuda for t in tensors):
+        raise NotImplementedError(f"{what} on CUDA tensors: {CUDA_MISSING}")
+
+
 @torch.library.register_fake("fp8mp::block_quantize")
 def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
+    refuse_cuda("fp8mp.ops.block_quantize", x)
     fmt, scale_mode = checks.check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode)
     rows, cols = x.shape
     scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
@@ -57,15 +70,10 @@ def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
 
 @torch.library.register_fake("fp8mp::block_scaled_gemm")
 def _block_scaled_gemm_fake(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias, out_dtype):
+    refuse_cuda("fp8mp.ops.block_scaled_gemm", a, b)
     checks.check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias,
                                         out_dtype)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-
-
-def _refuse_cuda(op: str, t: torch.Tensor) -> None:
-    if t.is_cuda:
-        raise NotImplementedError(f"fp8mp.{op}: no CUDA kernel yet (fine-grained scaling runs on CPU only in this "
-                                  "build); the cuBLASLt scale modes it needs are listed in fp8mp/ops/blockwise.py")
 
 
 @raising_value_errors
@@ -93,7 +101,7 @@ def block_quantize(x: torch.Tensor, block_rows: int, block_cols: int, fmt: str =
     Returns:
         (data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu).
     """
-    _refuse_cuda("block_quantize", x)
+    refuse_cuda("fp8mp.ops.block_quantize", x)
     return torch.ops.fp8mp.block_quantize(x, block_rows, block_cols, fmt, scale_mode)
 
 
@@ -117,7 +125,7 @@ def block_scaled_gemm(a: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tenso
         bias: optional [N] tensor of dtype `out_dtype`.
         out_dtype: float32, bfloat16 or float16.
     """
-    _refuse_cuda("block_scaled_gemm", a)
+    refuse_cuda("fp8mp.ops.block_scaled_gemm", a, b)
     return torch.ops.fp8mp.block_scaled_gemm(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k,
                                              bias, out_dtype)
 
@@ -136,4 +144,3 @@ def block_dequantize(data: torch.Tensor, scale_inv: torch.Tensor, block_rows: in
                          f"{tuple(data.shape)} in {block_rows} x {block_cols} blocks, got {tuple(scale_inv.shape)}")
     per_element = scale_inv.float().repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
     return (data.float() * per_element[:rows, :cols]).to(dtype)
-

@@ -246,3 +246,28 @@ def test_the_scale_shape_error_says_the_expected_shape():
     a, b = torch.ones(4, 64).to(E4M3), torch.ones(3, 64).to(E4M3)
     with pytest.raises(ValueError, match=r"'a_scale_inv' must have shape \[4, 2\] \(one scale per 1 x 32 block\), got shape \[4, 3\]"):
         block_scaled_gemm(a, torch.ones(4, 3), b, torch.ones(3, 2), 1, 1, 32)
+
+
+@pytest.mark.parametrize("op", ["block_quantize", "block_scaled_gemm"])
+def test_no_cuda_kernel_and_no_fallback_that_would_run_on_cuda(op):
+    """The dispatcher has a CPU kernel and a fake (Meta), and nothing that a CUDA tensor could silently reach."""
+    name = f"fp8mp::{op}"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has(name, "CPU") and has(name, "Meta")
+    for key in ("CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                "AutogradCUDA"):
+        assert not has(name, key), key
+
+
+def test_wrappers_and_fake_kernels_refuse_cuda_tensors_before_any_work():
+    with FakeTensorMode():  # CUDA fake tensors: what torch.compile traces, no GPU needed
+        x = torch.randn(8, 64, device="cuda")
+        with pytest.raises(NotImplementedError, match=r"^fp8mp.ops.block_quantize on CUDA tensors: fp8mp's CUDA "
+                                                      "block-scaled kernels are not built"):
+            block_quantize(x, 1, 32)
+        with pytest.raises(NotImplementedError, match="block_quantize on CUDA tensors"):
+            ops.block_quantize(x, 1, 32, "e4m3", "fp32")  # the fake kernel itself
+        a = torch.ones(4, 64, device="cuda").to(E4M3)
+        with pytest.raises(NotImplementedError, match="block_scaled_gemm on CUDA tensors: .*not built"):
+            ops.block_scaled_gemm(a, torch.ones(4, 2, device="cuda"), a, torch.ones(4, 2, device="cuda"), 1, 1, 32, None,
+                                  torch.float32)
