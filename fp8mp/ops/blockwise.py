@@ -39,7 +39,7 @@ from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
-__all__ = ["block_quantize", "block_scaled_gemm", "block_dequantize", "BLOCK_SCALE_MODES"]
+__all__ = ["block_quantize", "block_quantize_transpose", "block_scaled_gemm", "block_dequantize", "BLOCK_SCALE_MODES"]
 
 BLOCK_SCALE_MODES = checks.BLOCK_SCALE_MODES
 
@@ -66,6 +66,17 @@ def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
     scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
     return (x.new_empty((rows, cols), dtype=FP8_DTYPES[fmt]),
             x.new_empty((_ceil_div(rows, block_rows), _ceil_div(cols, block_cols)), dtype=scale_dtype))
+
+
+@torch.library.register_fake("fp8mp::block_quantize_transpose")
+def _block_quantize_transpose_fake(x, row_block, col_block, fmt, scale_mode):
+    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
+    fmt, scale_mode = checks.check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode)
+    rows, cols = x.shape
+    data_dtype = FP8_DTYPES[fmt]
+    scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
+    return (x.new_empty((rows, cols), dtype=data_dtype), x.new_empty((rows, _ceil_div(cols, row_block)), dtype=scale_dtype),
+            x.new_empty((cols, rows), dtype=data_dtype), x.new_empty((cols, _ceil_div(rows, col_block)), dtype=scale_dtype))
 
 
 @torch.library.register_fake("fp8mp::block_scaled_gemm")
@@ -103,6 +114,22 @@ def block_quantize(x: torch.Tensor, block_rows: int, block_cols: int, fmt: str =
     """
     refuse_cuda("fp8mp.ops.block_quantize", x)
     return torch.ops.fp8mp.block_quantize(x, block_rows, block_cols, fmt, scale_mode)
+
+
+@raising_value_errors
+def block_quantize_transpose(x: torch.Tensor, row_block: int, col_block: int, fmt: str = "e4m3",
+                             scale_mode: str = "fp32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both 1-row quantizations of a 2-D `x` that a GEMM and its backward need, from the same reads of `x`.
+
+    Returns (data, scale_inv, data_t, scale_inv_t), bit for bit
+    ``block_quantize(x, 1, row_block, fmt, scale_mode)`` and ``block_quantize(x.T, 1, col_block, fmt, scale_mode)``:
+    data [R, C] in 1 x row_block tiles along each row, scale_inv [R, ceil(C / row_block)]; data_t [C, R],
+    x's transpose, in 1 x col_block tiles along each column of x, scale_inv_t [C, ceil(R / col_block)].
+    The kernel reads x twice (every tile amax of both layouts, then both casts), where the two calls
+    would read it four times and copy its transpose.
+    """
+    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
+    return torch.ops.fp8mp.block_quantize_transpose(x, row_block, col_block, fmt, scale_mode)
 
 
 @raising_value_errors
