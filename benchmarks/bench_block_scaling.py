@@ -3,6 +3,8 @@
 Quantize: fp8mp.ops.block_quantize per recipe vs cast_to_fp8 with a tensorwise scale (amax pass
 included, as current scaling pays it). GEMM: fp8mp.ops.block_scaled_gemm vs fp8mp.fp8_gemm (the
 tensorwise emulation). Ratios are (recipe time) / (tensorwise time): 1.0 costs the same.
+Both layouts: fp8mp.ops.block_quantize_transpose (x and x.T quantized from the same reads, as
+backward needs them) vs the two block_quantize calls it replaces (the second on x.t()), as a ratio.
 
     python benchmarks/bench_block_scaling.py [--sizes 512x1024x1024,2048x2048x2048]
 """
@@ -13,7 +15,7 @@ import argparse
 import torch
 
 import fp8mp
-from fp8mp.ops import block_quantize, block_scaled_gemm, compute_scale
+from fp8mp.ops import block_quantize, block_quantize_transpose, block_scaled_gemm, compute_scale
 
 from timing import median_time, parse_shapes
 
@@ -45,7 +47,11 @@ def bench(M: int, K: int, N: int) -> list[str]:
         xq, sx = block_quantize(x, 1, bk, "e4m3", mode)
         wq, sw = block_quantize(w, w_rows, bk, "e4m3", mode)
         t_g = median_time(lambda: block_scaled_gemm(xq, sx, wq, sw, 1, w_rows, bk, None, torch.bfloat16), "cpu")
-        cells += [f"{t_q / t_quant:.2f}", f"{t_g / t_gemm:.2f}"]
+        bk_t = block_k or M
+        t_both = median_time(lambda: block_quantize_transpose(x, bk, bk_t, "e4m3", mode), "cpu")
+        t_two = median_time(lambda: (block_quantize(x, 1, bk, "e4m3", mode), block_quantize(x.t(), 1, bk_t, "e4m3", mode)),
+                            "cpu")
+        cells += [f"{t_q / t_quant:.2f}", f"{t_g / t_gemm:.2f}", f"{t_both / t_two:.2f}"]
     return cells
 
 
@@ -55,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     headers = ["M x K x N", "tensorwise quantize ms", "tensorwise GEMM ms"]
     for name in RECIPES:
-        headers += [f"{name} quantize x", f"{name} GEMM x"]
+        headers += [f"{name} quantize x", f"{name} GEMM x", f"{name} both layouts vs 2 calls"]
     print(f"CPU, {torch.get_num_threads()} threads\n")
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))

@@ -46,6 +46,13 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   // (scale_mode "fp32": scale = fp8_max / amax; "pow2": that rounded down to a power of two) or
   // float8_e8m0fnu ("e8m0_floor": OCP MX v1.0; "e8m0_rceil": the smallest 2^e >= amax / fp8_max).
   m.def("block_quantize(Tensor x, int block_rows, int block_cols, str fmt, str scale_mode) -> (Tensor data, Tensor scale_inv)");
+  // Both 1-row quantizations backward needs, from the same reads of x: data [R, C] in 1 x row_block tiles
+  // along each row (scale_inv [R, ceil(C / row_block)]) and data_t [C, R] = x.T in 1 x col_block tiles along
+  // each column of x (scale_inv_t [C, ceil(R / col_block)]); bit for bit block_quantize(x, 1, row_block) and
+  // block_quantize(x.T, 1, col_block).
+  m.def(
+      "block_quantize_transpose(Tensor x, int row_block, int col_block, str fmt, str scale_mode) -> "
+      "(Tensor data, Tensor scale_inv, Tensor data_t, Tensor scale_inv_t)");
   // out = sum over K chunks c of block_k: fp32(sum_{k in c} dec(a) * dec(b)) * (a_scale_inv[m / a_block_rows, c] *
   // b_scale_inv[n / b_block_rows, c]), accumulated in fp32, plus bias, rounded once to out_dtype; a [M, K], b [N, K].
   m.def(

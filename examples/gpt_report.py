@@ -36,6 +36,26 @@ def report_table(results) -> str:
         diff = relative(fp8.final_val, base.final_val)
         verdict = "within" if abs(diff) <= GOAL else "NOT within"
         lines.append(f"FP8 final val loss vs {base.name}: {diff:+.3%}, {verdict} the {GOAL:.1%} goal")
+    for peer in (r for r in results if r.name not in ("FP8", "BF16", "FP32")):
+        lines.append(f"FP8 final val loss vs {peer.name}: {relative(fp8.final_val, peer.final_val):+.3%} (one seed)")
+    return "\n".join(lines)
+
+
+def seed_table(per_seed: list[dict[str, float]], peer: str | None) -> str:
+    """Markdown: final val loss per seed of FP8, the peer and BF16, FP8's relative gaps, and the means over seeds."""
+    names = ["FP8", *([peer] if peer else []), "BF16"]
+    header = ["seed", *names, *([f"FP8 vs {peer}"] if peer else []), "FP8 vs BF16"]
+    rows = []
+    for seed, losses in enumerate(per_seed):
+        gaps = [relative(losses["FP8"], losses[peer])] if peer else []
+        gaps.append(relative(losses["FP8"], losses["BF16"]))
+        rows.append([str(seed), *(f"{losses[n]:.4f}" for n in names), *(f"{g:+.2%}" for g in gaps)])
+    means = {n: sum(s[n] for s in per_seed) / len(per_seed) for n in names}
+    mean_gaps = [relative(means["FP8"], means[peer])] if peer else []
+    mean_gaps.append(relative(means["FP8"], means["BF16"]))
+    rows.append([f"mean of {len(per_seed)}", *(f"{means[n]:.4f}" for n in names), *(f"{g:+.2%}" for g in mean_gaps)])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 
     python examples/train_gpt.py            # the `make demo` run (about 5 minutes on 2 CPU cores)
     python examples/train_gpt.py --quick    # a smaller model, under a minute
+    python examples/train_gpt.py --peer torchao --seeds 5   # FP8 vs torchao's FP8 per seed, vs BF16 over 5 seeds
 
 FP8: every projection (fp8mp.nn.Linear) computes in FP8 inside `fp8mp.fp8_autocast`
 (DelayedScaling, Format.HYBRID: E4M3 forward, E5M2 gradients) while the rest of
@@ -10,11 +11,20 @@ same torch.autocast(bfloat16) without FP8. FP32: no autocast. All three keep fp3
 master weights and AdamW state. Each run executes in its own process, so its
 peak memory (max RSS) is its own. Results: a table on stdout, loss curves and the
 FP8 numerics monitor's pictures under --out.
+
+--peer torchao adds a run of the same GPT (same init, same batches) with torchao's
+Float8Linear (emulate=True) in place of fp8mp.nn.Linear, under the recipe that matches
+--recipe (tensorwise dynamic scaling for delayed and current, torchao's "rowwise" for
+rowwise). --seeds N repeats FP8, the peer and BF16 for seeds 0..N-1 and prints one row
+per seed plus the means: at 200 steps this model's loss is chaotic (FP8 vs BF16 moves by
+several percent from seed to seed), so FP8 is compared with the peer FP8 per seed and
+with BF16 over the seeds' mean.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -43,6 +53,7 @@ class Precision:
     name: str
     autocast_dtype: torch.dtype | None
     fp8: bool
+    peer: str | None = None  # a peer library's FP8 Linear in place of fp8mp's (PEERS)
 
 
 PRECISIONS = {
@@ -50,6 +61,9 @@ PRECISIONS = {
     "bf16": Precision("BF16", torch.bfloat16, fp8=False),
     "fp32": Precision("FP32", None, fp8=False),
 }
+
+# --peer: torchao's Float8Linear (emulate=True: its exact CPU emulation) under the same torch.autocast(bfloat16).
+PEERS = {"torchao": Precision("torchao FP8", torch.bfloat16, fp8=False, peer="torchao")}
 
 
 # --recipe: per-tensor (delayed, current; HYBRID) or fine-grained (rowwise, block, mxfp8; their E4M3 default).
@@ -188,6 +202,21 @@ def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float, devi
     return loss.item(), len(state.modules) if precision.fp8 else 0
 
 
+# The torchao recipe matching each --recipe; BlockScaling and MXFP8 have no torchao Float8Linear twin.
+TORCHAO_RECIPES = {"delayed": "tensorwise", "current": "tensorwise", "rowwise": "rowwise"}
+
+
+def with_torchao_float8(model: torch.nn.Module, recipe: str) -> torch.nn.Module:
+    """`model` with torchao's Float8Linear (emulate=True) in place of each fp8mp.nn.Linear, sharing the weights."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if recipe not in TORCHAO_RECIPES:
+        raise ValueError(f"--peer torchao: no torchao Float8Linear recipe matches --recipe {recipe!r}; "
+                         f"use one of {sorted(TORCHAO_RECIPES)}")
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[recipe]), emulate=True)
+    return convert_to_float8_training(fp8mp.unconvert(model), config=config)
+
+
 def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, out_dir: str | None = None) -> RunResult:
     """Train a fresh GPT (seed `config.seed`) on the fixed batches in `precision`; returns its measurements."""
     train_data, val_data = load_data(config)
@@ -195,6 +224,8 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
     val_starts = batch_starts(val_data, config.eval_batches, config.batch_size, model_config.context, config.seed + 2)
     torch.manual_seed(config.seed)
     model = GPT(model_config)
+    if precision.peer is not None:
+        model = with_torchao_float8(model, config.recipe)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     recipe = RECIPES[config.recipe]
     monitor = fp8mp.monitor.attach(model, every=config.monitor_every) if precision.fp8 else None
@@ -231,13 +262,27 @@ def _finish(result: RunResult, model: GPT, monitor, out_dir: str | None) -> None
         result.files = [monitor.to_csv(os.path.join(out_dir, "fp8_monitor.csv")), *monitor.plot(out_dir)]
 
 
-def run_all(model_config: GPTConfig, config: TrainConfig, out_dir: str) -> list[RunResult]:
-    """The three runs, one process each (so max RSS is per run), in the order FP8, BF16, FP32."""
+def run_all(model_config: GPTConfig, config: TrainConfig, out_dir: str | None,
+            precisions: list[Precision] | None = None) -> list[RunResult]:
+    """The runs (default FP8, BF16, FP32), in that order, one process each (so max RSS is per run)."""
     results = []
-    for precision in PRECISIONS.values():
+    for precision in precisions or list(PRECISIONS.values()):
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             results.append(pool.submit(train, model_config, config, precision, out_dir).result())
     return results
+
+
+def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Precision | None) -> str:
+    """FP8, the peer (if any) and BF16 for seeds 0..seeds-1; returns the per-seed table with the means."""
+    from gpt_report import seed_table  # matplotlib only for the CLI
+
+    precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), PRECISIONS["bf16"]]
+    per_seed = []
+    for seed in range(seeds):
+        results = run_all(model_config, dataclasses.replace(config, seed=seed), None, precisions)
+        per_seed.append({r.name: r.final_val for r in results})
+        print(f"seed {seed}: " + ", ".join(f"{name} {loss:.4f}" for name, loss in per_seed[-1].items()), flush=True)
+    return seed_table(per_seed, peer.name if peer is not None else None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -252,6 +297,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     parser.add_argument("--quick", action="store_true", help="2 layers, d=128, context 64, 30 steps: under a minute")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default=TrainConfig.recipe, help="the FP8 run's recipe")
+    parser.add_argument("--peer", choices=sorted(PEERS), default=None,
+                        help="also train with this library's FP8 Linear under the matching recipe")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="FP8, the peer and BF16 for seeds 0..N-1: per-seed final val losses and their means")
     return parser.parse_args(argv)
 
 
@@ -272,7 +321,15 @@ def main(argv=None) -> None:
     print(f"fp8mp {fp8mp.__version__} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads")
     print(f"model: {model_config}\ntrain: {config}\n")
     t0 = time.perf_counter()
-    results = run_all(model_config, config, args.out)
+    peer = PEERS[args.peer] if args.peer is not None else None
+    if args.seeds is not None:
+        if args.seeds < 1:
+            raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
+        print(run_seeds(model_config, config, args.seeds, peer))
+        print(f"total wall time {time.perf_counter() - t0:.0f} s")
+        return
+    precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), PRECISIONS["bf16"], PRECISIONS["fp32"]]
+    results = run_all(model_config, config, args.out, precisions)
     fp8 = results[0]
     print(f"\nFP8 numerics (fp8mp.monitor, every {config.monitor_every} steps; {fp8.fp8_modules} FP8 modules):")
     print(fp8.monitor_summary)

@@ -35,16 +35,36 @@ void check_block_scale(const Tensor& scale_inv, const Tensor& data, int64_t bloc
 
 }  // namespace
 
-BlockQuantizeArgs check_block_quantize_args(const Tensor& x, int64_t block_rows, int64_t block_cols,
-                                            const std::string& fmt, const std::string& scale_mode) {
-  constexpr const char* op = "fp8mp::block_quantize";
+namespace {
+
+// The checks every quantize op shares: fmt, scale_mode and x (2-D, high precision).
+BlockQuantizeArgs check_quantize_input(const Tensor& x, const std::string& fmt, const std::string& scale_mode,
+                                       const char* op) {
   const Fp8Format format = parse_format(fmt, op);
   const cpu::BlockScaleMode mode = parse_scale_mode(scale_mode, op);
   check_high_precision_dtype(x.scalar_type(), op, "x");
   FP8MP_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", shape_str(x));
+  return {format, mode};
+}
+
+}  // namespace
+
+BlockQuantizeArgs check_block_quantize_args(const Tensor& x, int64_t block_rows, int64_t block_cols,
+                                            const std::string& fmt, const std::string& scale_mode) {
+  constexpr const char* op = "fp8mp::block_quantize";
+  const BlockQuantizeArgs args = check_quantize_input(x, fmt, scale_mode, op);
   check_block_size(block_rows, op, "block_rows");
   check_block_size(block_cols, op, "block_cols");
-  return {format, mode};
+  return args;
+}
+
+BlockQuantizeArgs check_block_quantize_transpose_args(const Tensor& x, int64_t row_block, int64_t col_block,
+                                                      const std::string& fmt, const std::string& scale_mode) {
+  constexpr const char* op = "fp8mp::block_quantize_transpose";
+  const BlockQuantizeArgs args = check_quantize_input(x, fmt, scale_mode, op);
+  check_block_size(row_block, op, "row_block");
+  check_block_size(col_block, op, "col_block");
+  return args;
 }
 
 BlockGemmFormats check_block_scaled_gemm_args(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,

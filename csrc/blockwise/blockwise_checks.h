@@ -20,6 +20,10 @@ struct BlockQuantizeArgs {
 BlockQuantizeArgs check_block_quantize_args(const Tensor& x, int64_t block_rows, int64_t block_cols,
                                             const std::string& fmt, const std::string& scale_mode);
 
+// x as block_quantize's; row_block, col_block >= 1.
+BlockQuantizeArgs check_block_quantize_transpose_args(const Tensor& x, int64_t row_block, int64_t col_block,
+                                                      const std::string& fmt, const std::string& scale_mode);
+
 struct BlockGemmFormats {
   Fp8Format a;
   Fp8Format b;

@@ -39,6 +39,24 @@ std::tuple<Tensor, Tensor> block_quantize_cpu(Tensor x, int64_t block_rows, int6
   return {y, scale_inv};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> block_quantize_transpose_cpu(Tensor x, int64_t row_block, int64_t col_block,
+                                                                        std::string fmt, std::string scale_mode) {
+  const BlockQuantizeArgs args = check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode);
+  const Tensor xc = as_contiguous(x);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const ScalarType data_dtype = fp8_dtype(args.format);
+  const ScalarType scale_dtype = cpu::is_e8m0(args.mode) ? kFloat8_e8m0fnu : kFloat;
+  Tensor y = empty_on({rows, cols}, data_dtype, x);
+  Tensor scale_inv = empty_on({rows, ceil_div(cols, row_block)}, scale_dtype, x);
+  Tensor y_t = empty_on({cols, rows}, data_dtype, x);
+  Tensor scale_inv_t = empty_on({cols, ceil_div(rows, col_block)}, scale_dtype, x);
+  cpu::block_quantize_transpose(xc.const_data_ptr(), hp_type(x.scalar_type()), rows, cols, row_block, col_block,
+                                args.format, args.mode, static_cast<uint8_t*>(y.mutable_data_ptr()),
+                                scale_inv.mutable_data_ptr(), static_cast<uint8_t*>(y_t.mutable_data_ptr()),
+                                scale_inv_t.mutable_data_ptr(), stable_parallel_for);
+  return {y, scale_inv, y_t, scale_inv_t};
+}
+
 cpu::BlockOperand operand(const Tensor& data, Fp8Format format, const Tensor& scale_inv, int64_t block_rows) {
   const auto type = scale_inv.scalar_type() == kFloat ? cpu::BlockScaleType::Fp32 : cpu::BlockScaleType::E8m0;
   return {static_cast<const uint8_t*>(data.const_data_ptr()), format, scale_inv.const_data_ptr(), type, block_rows};
@@ -62,6 +80,7 @@ Tensor block_scaled_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_sc
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CPU, m) {
   m.impl("block_quantize", TORCH_BOX(&block_quantize_cpu));
+  m.impl("block_quantize_transpose", TORCH_BOX(&block_quantize_transpose_cpu));
   m.impl("block_scaled_gemm", TORCH_BOX(&block_scaled_gemm_cpu));
 }
 

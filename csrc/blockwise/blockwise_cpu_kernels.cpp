@@ -157,6 +157,112 @@ void block_quantize_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t 
   });
 }
 
+void store_scale_inv(void* scale_inv, int64_t index, const TileScale& s, bool e8m0) {
+  if (e8m0) {
+    static_cast<uint8_t*>(scale_inv)[index] = s.e8m0_code;
+  } else {
+    static_cast<float*>(scale_inv)[index] = s.scale_inv;
+  }
+}
+
+// Pass 1 of block_quantize_transpose: x is cut into pieces of at most piece_rows rows that never
+// straddle two column tiles (col_block rows each). Each piece sets its rows' row-tile multipliers
+// and scale_inv, and writes the amax of each of its columns into its own row of col_partial, so
+// that no two tasks write the same value; a column tile's amax is then the max over its pieces.
+template <typename scalar_t, Fp8Format F>
+void row_scales_and_column_partials(const scalar_t* x, int64_t rows, int64_t cols, int64_t row_block,
+                                    int64_t col_block, int64_t piece_rows, BlockScaleMode mode, float* row_mul,
+                                    void* scale_inv, float* col_partial, ParallelFor parallel_for) {
+  const int64_t row_tiles = ceil_div(cols, row_block), col_tiles = ceil_div(rows, col_block);
+  const int64_t pieces_per_tile = ceil_div(std::min(col_block, rows), piece_rows);
+  parallel_for(0, col_tiles * pieces_per_tile, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> amax(static_cast<size_t>(row_tiles), 0.0f);
+    for (int64_t piece = begin; piece < end; ++piece) {
+      float* col_amax = col_partial + piece * cols;
+      std::fill(col_amax, col_amax + cols, 0.0f);
+      const int64_t tile_r0 = (piece / pieces_per_tile) * col_block;
+      const int64_t r0 = tile_r0 + (piece % pieces_per_tile) * piece_rows;
+      const int64_t r1 = std::min({rows, tile_r0 + col_block, r0 + piece_rows});
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* row = x + r * cols;
+        for (int64_t tc = 0; tc < row_tiles; ++tc) {
+          float m = 0.0f;
+          for (int64_t c = tc * row_block, c1 = std::min(cols, c + row_block); c < c1; ++c) {
+            const float a = std::fabs(static_cast<float>(row[c]));
+            m = nan_max(m, a);
+            col_amax[c] = nan_max(col_amax[c], a);
+          }
+          amax[size_t(tc)] = m;
+        }
+        for (int64_t tc = 0; tc < row_tiles; ++tc) {
+          const TileScale s = tile_scale(amax[size_t(tc)], mode, F);
+          row_mul[r * row_tiles + tc] = s.multiplier;
+          store_scale_inv(scale_inv, r * row_tiles + tc, s, is_e8m0(mode));
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t, Fp8Format F>
+void block_quantize_transpose_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t row_block,
+                                   int64_t col_block, BlockScaleMode mode, uint8_t* y, void* scale_inv, uint8_t* y_t,
+                                   void* scale_inv_t, ParallelFor parallel_for) {
+  const int64_t row_tiles = ceil_div(cols, row_block), col_tiles = ceil_div(rows, col_block);
+  const bool clamp_first = is_e8m0(mode);
+  const float fp8_max = FormatTraits<F>::kMax;
+  // Pieces of about kGrainElements (at least 16 rows, so col_partial stays under 1 / 16 of x's elements).
+  const int64_t piece_rows = std::min(std::min(col_block, rows), std::max<int64_t>(16, kGrainElements / cols));
+  const int64_t pieces_per_tile = ceil_div(std::min(col_block, rows), piece_rows);
+  std::vector<float> row_mul(static_cast<size_t>(rows * row_tiles));
+  std::vector<float> col_partial(static_cast<size_t>(col_tiles * pieces_per_tile * cols));
+  row_scales_and_column_partials<scalar_t, F>(x, rows, cols, row_block, col_block, piece_rows, mode, row_mul.data(),
+                                              scale_inv, col_partial.data(), parallel_for);
+  std::vector<float> col_mul(static_cast<size_t>(col_tiles * cols));  // [column tile][column]
+  const int64_t col_grain = std::max<int64_t>(1, kGrainElements / (col_tiles * pieces_per_tile));
+  parallel_for(0, cols, col_grain, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t tr = 0; tr < col_tiles; ++tr) {
+        float m = 0.0f;
+        for (int64_t p = tr * pieces_per_tile; p < (tr + 1) * pieces_per_tile; ++p) {
+          m = nan_max(m, col_partial[size_t(p * cols + c)]);
+        }
+        const TileScale s = tile_scale(m, mode, F);
+        col_mul[size_t(tr * cols + c)] = s.multiplier;
+        store_scale_inv(scale_inv_t, c * col_tiles + tr, s, clamp_first);
+      }
+    }
+  });
+  // Pass 2: both casts from one more read, in kSquare x kSquare squares so the transposed writes stay in cache.
+  constexpr int64_t kSquare = 64;
+  const auto cast = [&](float v, float mul) {
+    const float scaled = v * mul;
+    return encode<F>(clamp_first ? clamp_keep_nan(scaled, fp8_max) : scaled);
+  };
+  parallel_for(0, ceil_div(rows, kSquare), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r0 = begin * kSquare; r0 < std::min(rows, end * kSquare); r0 += kSquare) {
+      const int64_t r1 = std::min(rows, r0 + kSquare);
+      for (int64_t c0 = 0; c0 < cols; c0 += kSquare) {
+        const int64_t c1 = std::min(cols, c0 + kSquare);
+        for (int64_t r = r0; r < r1; ++r) {
+          const scalar_t* row = x + r * cols;
+          const float* mul_r = row_mul.data() + r * row_tiles;
+          const float* mul_c = col_mul.data() + (r / col_block) * cols;
+          for (int64_t c = c0; c < c1;) {  // row tile by row tile: one multiplier each
+            const int64_t tc = c / row_block, tile_end = std::min(c1, (tc + 1) * row_block);
+            const float row_multiplier = mul_r[tc];
+            for (; c < tile_end; ++c) {
+              const float v = static_cast<float>(row[c]);
+              y[r * cols + c] = cast(v, row_multiplier);
+              y_t[c * rows + r] = cast(v, mul_c[c]);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 std::unique_ptr<float[]> uninitialized_floats(int64_t n) { return std::unique_ptr<float[]>(new float[size_t(n)]); }
 
 // Decode rows [row0, row0 + rows) of a row-major [*, K] FP8 operand into chunk-major fp32:
@@ -244,6 +350,18 @@ void block_quantize(const void* x, HpType x_type, int64_t rows, int64_t cols, in
     FP8MP_DISPATCH_FORMAT(format, [&] {
       block_quantize_impl<scalar_t, kFormat>(static_cast<const scalar_t*>(x), rows, cols, block_rows, block_cols, mode,
                                              y, scale_inv, parallel_for);
+    });
+  });
+}
+
+void block_quantize_transpose(const void* x, HpType x_type, int64_t rows, int64_t cols, int64_t row_block,
+                              int64_t col_block, Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv,
+                              uint8_t* y_t, void* scale_inv_t, ParallelFor parallel_for) {
+  if (rows == 0 || cols == 0) return;
+  FP8MP_DISPATCH_HP(x_type, [&] {
+    FP8MP_DISPATCH_FORMAT(format, [&] {
+      block_quantize_transpose_impl<scalar_t, kFormat>(static_cast<const scalar_t*>(x), rows, cols, row_block,
+                                                       col_block, mode, y, scale_inv, y_t, scale_inv_t, parallel_for);
     });
   });
 }

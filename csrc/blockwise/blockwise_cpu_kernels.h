@@ -40,6 +40,15 @@ inline bool is_e8m0(BlockScaleMode mode) { return mode == BlockScaleMode::E8m0Fl
 void block_quantize(const void* x, HpType x_type, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
                     Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv, ParallelFor parallel_for);
 
+// Both 1-row quantizations of the row-major x [rows, cols] from the same reads: y [rows, cols] in
+// 1 x row_block tiles along each row (scale_inv [rows, ceil(cols / row_block)]) and y_t [cols, rows],
+// x's transpose, in 1 x col_block tiles along each column of x (scale_inv_t [cols, ceil(rows / col_block)]).
+// Bit for bit block_quantize(x, 1, row_block) and block_quantize(x^T, 1, col_block); x is read twice
+// (all tile amaxes, then both casts) instead of four times plus a transpose copy.
+void block_quantize_transpose(const void* x, HpType x_type, int64_t rows, int64_t cols, int64_t row_block,
+                              int64_t col_block, Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv,
+                              uint8_t* y_t, void* scale_inv_t, ParallelFor parallel_for);
+
 // c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T per batch item, IEEE fp32, contiguous.
 using BatchedMatmulNtFp32 =
     std::function<void(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k)>;

@@ -7,18 +7,24 @@ once per GEMM that reads it (fp8mp.ops.block_quantize; `fp8_gemm`'s layout, a @ 
     dgrad: dx = dy @ W      a = dy   [M,N] along N,   b = W.T  [K,N] along N
     wgrad: dW = dy.T @ x    a = dy.T [N,M] along M,   b = x.T  [K,M] along M
 
+Every tensor that two GEMMs read along different axes (x, dy, and W under rowwise and MXFP8) is
+quantized both ways by one block_quantize_transpose, from the same reads.
+
 Activations and gradients use 1 x block_k tiles, weights weight_block_rows x block_k blocks
 (block_k = the whole K of the GEMM for rowwise). A square weight block (BlockScaling's 128 x 128)
 covers W and W.T alike, so dgrad reuses fprop's quantized weight, transposed (bytes and scales),
-as DeepSeek-V3 does; the other recipes quantize W.T afresh. Forward saves x.T and W.T already
+as DeepSeek-V3 does; for the other recipes W.T is quantized with W (block_quantize_transpose). Forward saves x.T and W.T already
 quantized (FP8, not the high-precision tensors). Scales come from each block's own values
 (current-style), so no Fp8Meta scale or amax is read or written.
+
+A weight stored in FP8 (fp8mp/nn/fp8_weight.py) is stored as `quantize_weight` makes it, so the
+forward reads it as it is and never quantizes a weight.
 """
 from __future__ import annotations
 
 import torch
 
-from fp8mp.ops.blockwise import block_quantize, block_scaled_gemm
+from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose, block_scaled_gemm, refuse_cuda
 from fp8mp.scaling.recipe import BlockRecipe
 
 
@@ -31,6 +37,13 @@ def _quantize(t: torch.Tensor, block_rows: int, recipe: BlockRecipe, fmt: str):
     block_k = _block_k(recipe, t.shape[1])
     data, scale_inv = block_quantize(t, block_rows, block_k, fmt, recipe.quantize_mode)
     return data, scale_inv, block_rows, block_k
+
+
+def _quantize_both(t: torch.Tensor, recipe: BlockRecipe, fmt: str):
+    """(q, q_t): `_quantize(t, 1, ...)` and `_quantize(t.t(), 1, ...)` of a 2-D t, from one block_quantize_transpose."""
+    row_block, col_block = _block_k(recipe, t.shape[1]), _block_k(recipe, t.shape[0])
+    data, scale_inv, data_t, scale_inv_t = block_quantize_transpose(t, row_block, col_block, fmt, recipe.quantize_mode)
+    return (data, scale_inv, 1, row_block), (data_t, scale_inv_t, 1, col_block)
 
 
 def _gemm(a, b, out_dtype, bias=None):
@@ -46,48 +59,81 @@ def _transposed(q):
     return data_t, scale_inv.t().contiguous(), block_rows, block_k
 
 
+def quantize_weight(weight: torch.Tensor, recipe: BlockRecipe, fmt: str):
+    """(w_q, w_t_q): weight [N,K] quantized for fprop (along K, weight blocks) and dgrad (W.T along N).
+
+    w_t_q is None for square weight blocks: W.T's quantization is then w_q transposed (`_transposed`).
+    """
+    if recipe.weight_block_rows == recipe.block_k:  # square
+        return _quantize(weight, recipe.weight_block_rows, recipe, fmt), None
+    assert recipe.weight_block_rows == 1
+    return _quantize_both(weight, recipe, fmt)
+
+
+def stored_weight_operands(recipe: BlockRecipe, w_data, w_scale_inv, w_t_data=None, w_t_scale_inv=None):
+    """The (w_q, w_t_q) of `quantize_weight` from its stored tensors (the block sizes follow from the recipe)."""
+    n, k = w_data.shape
+    w_q = (w_data, w_scale_inv, recipe.weight_block_rows, _block_k(recipe, k))
+    return w_q, None if w_t_data is None else (w_t_data, w_t_scale_inv, 1, _block_k(recipe, n))
+
+
 class BlockLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, recipe, formats):
-        """x2d [M,K], weight [N,K] (may be a transposed view); formats: (forward, backward) op format strings."""
+    def forward(ctx, x2d, weight, bias, recipe, formats, stored_weight=None):
+        """x2d [M,K], weight [N,K] (may be a transposed view); formats: (forward, backward) op format strings.
+
+        stored_weight: None, or the (w_q, w_t_q) of a weight stored in FP8 (`stored_weight_operands`),
+        used as it is; `weight` then only receives the weight gradient (the FP32 master, or None).
+        """
         forward_format, backward_format = formats
-        x_q = _quantize(x2d, 1, recipe, forward_format)
-        w_q = _quantize(weight, recipe.weight_block_rows, recipe, forward_format)
+        x_q, x_t_q = _quantize_both(x2d, recipe, forward_format)
+        w_q, w_t_q = quantize_weight(weight, recipe, forward_format) if stored_weight is None else stored_weight
         out_bias = bias.to(x2d.dtype) if bias is not None else None
         out = _gemm(x_q, w_q, x2d.dtype, out_bias)
-        square = recipe.weight_block_rows == recipe.block_k
-        w_t_q = _transposed(w_q) if square else _quantize(weight.t(), 1, recipe, forward_format)
-        x_t_q = _quantize(x2d.t(), 1, recipe, forward_format)
-        ctx.save_for_backward(x_t_q[0], x_t_q[1], w_t_q[0], w_t_q[1])
-        ctx.blocks = (x_t_q[2:], w_t_q[2:])
+        ctx.transpose_weight = w_t_q is None  # square blocks: backward transposes fprop's weight (bytes and scales)
+        w_saved = w_q if w_t_q is None else w_t_q
+        ctx.save_for_backward(x_t_q[0], x_t_q[1], w_saved[0], w_saved[1])
+        ctx.blocks = (x_t_q[2:], w_saved[2:])
         ctx.recipe, ctx.backward_format = recipe, backward_format
         ctx.x_dtype = x2d.dtype
-        ctx.w_dtype = weight.dtype
+        ctx.w_dtype = weight.dtype if weight is not None else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_t_data, x_t_scale, w_t_data, w_t_scale = ctx.saved_tensors
-        x_t_q, w_t_q = (x_t_data, x_t_scale, *ctx.blocks[0]), (w_t_data, w_t_scale, *ctx.blocks[1])
+        x_t_data, x_t_scale, w_data, w_scale = ctx.saved_tensors
+        x_t_q, w_t_q = (x_t_data, x_t_scale, *ctx.blocks[0]), (w_data, w_scale, *ctx.blocks[1])
+        if ctx.transpose_weight:
+            w_t_q = _transposed(w_t_q)
         grad_out = grad_out.contiguous()
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _gemm(_quantize(grad_out, 1, ctx.recipe, ctx.backward_format), w_t_q, ctx.x_dtype)
-        if ctx.needs_input_grad[1]:
-            grad_w = _gemm(_quantize(grad_out.t(), 1, ctx.recipe, ctx.backward_format), x_t_q, ctx.w_dtype)
+        recipe, fmt = ctx.recipe, ctx.backward_format
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if need_dgrad and need_wgrad:  # dy along N and dy.T along M from the same reads
+            g_q, g_t_q = _quantize_both(grad_out, recipe, fmt)
+        else:
+            g_q = _quantize(grad_out, 1, recipe, fmt) if need_dgrad else None
+            g_t_q = _quantize(grad_out.t(), 1, recipe, fmt) if need_wgrad else None
+        if need_dgrad:
+            grad_x = _gemm(g_q, w_t_q, ctx.x_dtype)
+        if need_wgrad:
+            grad_w = _gemm(g_t_q, x_t_q, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
-def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: BlockRecipe,
-                 formats: tuple[str, str], weight_in_out: bool = False) -> torch.Tensor:
+def block_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, recipe: BlockRecipe,
+                 formats: tuple[str, str], weight_in_out: bool = False, stored_weight=None) -> torch.Tensor:
     """y = x @ weight.T + bias for x [..., K] under a fine-grained recipe.
 
     weight_in_out: `weight` is [K,N] (transformers' Conv1D); it is read through its transpose view.
+    stored_weight: see BlockLinearFunction.forward (`weight` is then the gradient leaf or None).
     """
+    stored = stored_weight[0][0] if stored_weight is not None else None
+    refuse_cuda(f"fp8mp: {type(recipe).__name__} (fine-grained scaling)", x, weight, stored)
     x2d = x.reshape(-1, x.shape[-1])
-    w_nk = weight.t() if weight_in_out else weight
-    out = BlockLinearFunction.apply(x2d, w_nk, bias, recipe, formats)
+    w_nk = weight.t() if weight_in_out and weight is not None else weight
+    out = BlockLinearFunction.apply(x2d, w_nk, bias, recipe, formats, stored_weight)
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -155,18 +155,17 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """y = x @ weight.T + bias in FP8 per `meta`'s recipe, for x of shape [..., K].
 
     fp8_weight: (w_fp8, w_scale_inv), a stored FP8 weight to use as it is; `weight` then only
-    receives the weight gradient (see Fp8LinearFunction.forward). The caller holds `meta.lock()`.
+    receives the weight gradient (see Fp8LinearFunction.forward); under a fine-grained recipe the
+    stored weight's (w_q, w_t_q) of block_linear_function.stored_weight_operands instead. The
+    caller holds `meta.lock()`.
     group: fp8_autocast's fp8_group (None: no reduction). Current scaling reduces each amax it
     computes; delayed scaling reduces the module's amaxes first when `ran_before` (the module
     already ran in this context: its last amaxes were not reduced at the context's entry).
     weight_in_out: `weight` is [K,N] (transformers' Conv1D layout), not [N,K].
     """
     if isinstance(meta.recipe, BlockRecipe):  # fine-grained: scales per block, nothing in meta to update or reduce
-        if fp8_weight is not None:
-            raise NotImplementedError(f"fp8mp: a weight stored in FP8 (fp8_model_init) has one per-tensor scale; "
-                                      f"{type(meta.recipe).__name__} needs block scales, which FP8 weight storage "
-                                      "does not keep yet: store this layer's weight in high precision")
-        return block_linear(x, weight, bias, meta.recipe, (meta.format_of(INPUT), meta.format_of(GRAD)), weight_in_out)
+        return block_linear(x, weight, bias, meta.recipe, (meta.format_of(INPUT), meta.format_of(GRAD)), weight_in_out,
+                            stored_weight=fp8_weight)
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))

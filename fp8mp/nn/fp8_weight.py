@@ -14,6 +14,25 @@ three buffers, all in its state_dict:
 so the model holds 0.25x the FP32 weight bytes plus 8 bytes per layer. The forward uses
 `weight_fp8` as it is (no cast of a high-precision weight; backward transposes it).
 
+Fine-grained recipes. `fp8_model_init(recipe=R)` with R a RowwiseScaling, BlockScaling or
+MXFP8Scaling stores each weight as that recipe's forward quantizes it
+(fp8mp.nn.block_linear_function.quantize_weight), with its block scales as buffers:
+
+    weight_fp8          [N, K] FP8 (the recipe's forward format), quantized along K in R's weight blocks
+    weight_scale_inv    R's block scales of weight_fp8: [ceil(N / rows), ceil(K / block_k)] float32,
+                        or float8_e8m0fnu for MXFP8 (layout: fp8mp/ops/blockwise.py)
+    weight_fp8_t        [K, N], W.T quantized along N for dgrad, and
+    weight_scale_inv_t  its scales; only where the blocks are not square (rowwise, MXFP8: a 1 x 32
+                        block of W is not one of W.T, and re-quantizing the FP8 weight along the
+                        other axis would round twice). BlockScaling's 128 x 128 blocks serve both.
+
+so the model holds 0.25x (BlockScaling) or 0.5x (rowwise, MXFP8) the FP32 weight bytes plus the
+scales. Such a layer runs under recipes with the same weight layout (`BlockWeightLayout`: block
+sizes, scale mode and format) and refuses others with an error naming both; the per-tensor
+storage runs under DelayedScaling and CurrentScaling. Re-quantization after each step is
+`quantize_weight` of the master, so the stored codes and scales are exactly those the recipe
+would give the master weight.
+
 Gradients need an autograd leaf of the weight's shape, and an FP8 tensor cannot be one (autograd
 would cast its gradient to FP8). The leaf is the FP32 master weight itself, an `nn.Parameter`
 owned by `fp8mp.optim.MasterWeightOptimizer`: the optimizer attaches it to the layer (a weak
@@ -34,36 +53,50 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
+from fp8mp.nn.block_linear_function import quantize_weight
 from fp8mp.nn.checkpoint import fp8_state_owner
+from fp8mp.ops.blockwise import block_dequantize, refuse_cuda
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
 from fp8mp.ops.scale_update import compute_scale
+from fp8mp.scaling.recipe import BlockRecipe, Recipe
 
-__all__ = ["fp8_model_init", "is_fp8_model_init", "quantize_weight_", "decode_weight", "state_dict_bytes"]
+__all__ = ["fp8_model_init", "is_fp8_model_init", "model_init_recipe", "quantize_weight_", "decode_weight",
+           "state_dict_bytes", "BlockWeightLayout", "block_weight_layout", "block_weight_buffers",
+           "block_quantize_weight_"]
 
 WEIGHT_FORMAT = "e4m3"
 WEIGHT_DTYPE = torch.float8_e4m3fn
 
 class _ThreadInitContexts(threading.local):
-    """This thread's open fp8_model_init contexts (threading.local, like fp8_autocast's)."""
+    """This thread's open fp8_model_init contexts, (enabled, recipe) each (threading.local, like fp8_autocast's)."""
 
     def __init__(self) -> None:
-        self.stack: list[bool] = []
+        self.stack: list[tuple[bool, object]] = []
 
 
 _INIT_CONTEXTS = _ThreadInitContexts()
 
 
 @contextlib.contextmanager
-def fp8_model_init(enabled: bool = True) -> Iterator[None]:
-    """fp8mp modules created inside the block, in this thread, store their weights in FP8 (unless they say otherwise)."""
+def fp8_model_init(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+    """fp8mp modules created inside the block, in this thread, store their weights in FP8 (unless they say otherwise).
+
+    recipe: the recipe the stored weights are quantized for. None, DelayedScaling or CurrentScaling:
+    one per-tensor scale (usable under both); RowwiseScaling, BlockScaling or MXFP8Scaling: that
+    recipe's block scales (usable under recipes of the same `BlockWeightLayout`).
+    """
     if not isinstance(enabled, bool):
         raise TypeError(f"fp8_model_init: argument 'enabled' must be a bool, got {type(enabled).__name__}")
-    _INIT_CONTEXTS.stack.append(enabled)
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise TypeError(f"fp8_model_init: argument 'recipe' must be a fp8mp.recipe recipe or None, got "
+                        f"{type(recipe).__name__}")
+    _INIT_CONTEXTS.stack.append((enabled, recipe))
     try:
         yield
     finally:
@@ -73,7 +106,54 @@ def fp8_model_init(enabled: bool = True) -> Iterator[None]:
 def is_fp8_model_init() -> bool:
     """True inside `fp8_model_init()` in this thread (the innermost context wins)."""
     stack = _INIT_CONTEXTS.stack
-    return len(stack) > 0 and stack[-1]  # len(): dynamo of torch 2.11 cannot trace bool(list)
+    return len(stack) > 0 and stack[-1][0]  # len(): dynamo of torch 2.11 cannot trace bool(list)
+
+
+def model_init_recipe():
+    """The recipe of the innermost enabled `fp8_model_init` in this thread, or None."""
+    stack = _INIT_CONTEXTS.stack
+    return stack[-1][1] if len(stack) > 0 and stack[-1][0] else None
+
+
+# ------------------------------------------------------------------------------ block-scaled storage
+@dataclass(frozen=True)
+class BlockWeightLayout:
+    """What the bytes of a weight stored for a fine-grained recipe depend on."""
+
+    recipe: str             # the recipe's class name (for messages)
+    block_rows: int         # weight block rows
+    block_k: int | None     # block length along K (None: the whole K, rowwise)
+    scale_mode: str         # fp8mp.ops.block_quantize's scale_mode
+    fmt: str                # "e4m3" or "e5m2"
+
+    def __str__(self) -> str:
+        cols = "K" if self.block_k is None else self.block_k
+        return f"{self.recipe} ({self.block_rows} x {cols} blocks, scale_mode {self.scale_mode!r}, {self.fmt})"
+
+
+def block_weight_layout(recipe) -> BlockWeightLayout | None:
+    """The layout a weight stored for `recipe` has; None for per-tensor recipes (and None)."""
+    if not isinstance(recipe, BlockRecipe):
+        return None
+    return BlockWeightLayout(type(recipe).__name__, recipe.weight_block_rows, recipe.block_k, recipe.quantize_mode,
+                             recipe.fp8_format.forward_format)
+
+
+def block_weight_buffers(weight: torch.Tensor, recipe: BlockRecipe) -> dict[str, torch.Tensor]:
+    """`weight` [N, K] stored for `recipe`: weight_fp8, weight_scale_inv (+ weight_fp8_t, weight_scale_inv_t)."""
+    refuse_cuda(f"fp8mp: FP8 weight storage for {type(recipe).__name__} (fine-grained scaling)", weight)
+    w_q, w_t_q = quantize_weight(weight.detach(), recipe, recipe.fp8_format.forward_format)
+    buffers = {"weight_fp8": w_q[0], "weight_scale_inv": w_q[1]}
+    if w_t_q is not None:
+        buffers.update(weight_fp8_t=w_t_q[0], weight_scale_inv_t=w_t_q[1])
+    return buffers
+
+
+@torch.no_grad()
+def block_quantize_weight_(source: torch.Tensor, recipe: BlockRecipe, buffers: dict[str, torch.Tensor]) -> None:
+    """In place: each of `buffers` (as block_weight_buffers names them) = its quantization of `source` under `recipe`."""
+    for name, value in block_weight_buffers(source, recipe).items():
+        buffers[name].copy_(value)
 
 
 @torch.no_grad()
@@ -94,21 +174,30 @@ class _DecodeWeight(torch.autograd.Function):
     """Forward: the decoded FP8 weight. Backward: its gradient goes to `master` (the leaf)."""
 
     @staticmethod
-    def forward(ctx, master, weight_fp8, scale_inv, dtype):
+    def forward(ctx, master, weight_fp8, scale_inv, dtype, blocks):
         ctx.master_dtype = master.dtype
-        return cast_from_fp8(weight_fp8, scale_inv, dtype)
+        return _decode(weight_fp8, scale_inv, dtype, blocks)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.to(ctx.master_dtype), None, None, None
+        return grad.to(ctx.master_dtype), None, None, None, None
+
+
+def _decode(weight_fp8, scale_inv, dtype, blocks):
+    if blocks is None:
+        return cast_from_fp8(weight_fp8, scale_inv, dtype)
+    return block_dequantize(weight_fp8, scale_inv, *blocks, dtype)
 
 
 def decode_weight(weight_fp8: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
-                  master: torch.Tensor | None) -> torch.Tensor:
-    """The FP8 weight decoded to `dtype`; differentiable into `master` when one is given."""
+                  master: torch.Tensor | None, blocks: tuple[int, int] | None = None) -> torch.Tensor:
+    """The FP8 weight decoded to `dtype`; differentiable into `master` when one is given.
+
+    blocks: None for a per-tensor scale_inv [1], else the (rows, cols) of scale_inv's blocks.
+    """
     if master is None:
-        return cast_from_fp8(weight_fp8, scale_inv, dtype)
-    return _DecodeWeight.apply(master, weight_fp8, scale_inv, dtype)
+        return _decode(weight_fp8, scale_inv, dtype, blocks)
+    return _DecodeWeight.apply(master, weight_fp8, scale_inv, dtype, blocks)
 
 
 def state_dict_bytes(module: torch.nn.Module) -> int:

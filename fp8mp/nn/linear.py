@@ -8,8 +8,12 @@ import torch.nn.functional as F
 
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn import fp8_weight as fp8_weight_storage
-from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, keep_buffer_dtypes
+from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor
+from fp8mp.nn.block_linear_function import stored_weight_operands
 from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
+
+# The buffers an FP8-stored weight may have, in the order stored_weight_operands takes the block ones.
+FP8_WEIGHT_BUFFERS = ("weight_fp8", "weight_scale_inv", "weight_fp8_t", "weight_scale_inv_t", "weight_scale")
 
 
 class Linear(torch.nn.Linear):
@@ -23,8 +27,10 @@ class Linear(torch.nn.Linear):
 
     fp8_weight=True (default: True inside `fp8mp.fp8_model_init()`) stores the weight in FP8
     (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), trained through FP32
-    masters held by `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/fp8_weight.py. Outside
-    fp8_autocast such a layer computes in the input's dtype with the decoded weight.
+    masters held by `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/nn/fp8_weight.py. Under
+    `fp8_model_init(recipe=R)` with a fine-grained R the buffers are R's (weight_fp8 and its block
+    scales weight_scale_inv, plus weight_fp8_t / weight_scale_inv_t where R's blocks are not square).
+    Outside fp8_autocast such a layer computes in the input's dtype with the decoded weight.
 
     `fp8_fallback` (set by `fp8mp.fallback.FallbackPolicy`): when True, the layer computes in the
     input's dtype (plain F.linear) even inside fp8_autocast.
@@ -55,7 +61,7 @@ class Linear(torch.nn.Linear):
         with self.fp8_meta.lock():  # threads sharing this layer take turns from the scale update to the casts
             self.fp8_meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
             if self.weight is None:
-                stored = (self.weight_fp8, self.weight_scale_inv)
+                stored = self._stored_weight_for(self.fp8_meta.recipe)
                 return fp8_linear(input, self._weight_grad_leaf(), self.bias, self.fp8_meta, fp8_weight=stored,
                                   group=group, ran_before=ran_before)
             return fp8_linear(input, self.weight, self.bias, self.fp8_meta, group=group, ran_before=ran_before)
@@ -63,30 +69,43 @@ class Linear(torch.nn.Linear):
     def _high_precision_linear(self, input: torch.Tensor) -> torch.Tensor:
         """F.linear in the input's dtype: the fallback path, and FP8-weight layers outside fp8_autocast."""
         if self.weight is None:
-            weight = fp8_weight_storage.decode_weight(self.weight_fp8, self.weight_scale_inv, input.dtype,
-                                                      self._weight_grad_leaf())
+            weight = self.decode_stored_weight(input.dtype, self._weight_grad_leaf())
         else:
             weight = self.weight.to(input.dtype)
         return F.linear(input, weight, self.bias.to(input.dtype) if self.bias is not None else None)
 
     # ----------------------------------------------------------------------------- FP8 weight storage
-    def _store_weight_in_fp8(self) -> None:
-        """Replace the `weight` parameter by FP8 buffers (current scaling from its amax)."""
+    def _store_weight_in_fp8(self, recipe=None) -> None:
+        """Replace the `weight` parameter by FP8 buffers quantized for `recipe`.
+
+        recipe: default this layer's fp8_recipe, else fp8_model_init's; per-tensor recipes (and None)
+        give one current-scaling scale from the weight's amax, fine-grained ones their block scales.
+        """
+        recipe = recipe or self.fp8_recipe or fp8_weight_storage.model_init_recipe()
         weight = self.weight.detach()
         self.register_parameter("weight", None)
-        factory = dict(dtype=torch.float32, device=weight.device)
-        self.register_buffer("weight_fp8", torch.empty_like(weight, dtype=fp8_weight_storage.WEIGHT_DTYPE))
-        self.register_buffer("weight_scale", torch.ones(1, **factory))
-        self.register_buffer("weight_scale_inv", torch.ones(1, **factory))
-        self.quantize_weight_from(weight)
+        self.fp8_weight_layout = fp8_weight_storage.block_weight_layout(recipe)
+        self._fp8_weight_recipe = recipe if self.fp8_weight_layout is not None else None
+        if self.fp8_weight_layout is not None:
+            for name, value in fp8_weight_storage.block_weight_buffers(weight, recipe).items():
+                self.register_buffer(name, value)
+        else:
+            factory = dict(dtype=torch.float32, device=weight.device)
+            self.register_buffer("weight_fp8", torch.empty_like(weight, dtype=fp8_weight_storage.WEIGHT_DTYPE))
+            self.register_buffer("weight_scale", torch.ones(1, **factory))
+            self.register_buffer("weight_scale_inv", torch.ones(1, **factory))
+            self.quantize_weight_from(weight)
+        self._fp8_weight_buffers = tuple(name for name in FP8_WEIGHT_BUFFERS if name in self._buffers)
 
     def _apply(self, fn, recurse=True):
         # model.bfloat16() / .to(dtype) convert every floating-point buffer, float8 included: keep the
-        # stored FP8 weight and its scales in their own dtypes (the round trip through bf16 is exact).
+        # stored FP8 weight and its scales as they were, moved to the new device (bit for bit).
+        stored = {name: self._buffers[name] for name in self._fp8_weight_buffers} if self.stores_fp8_weight else {}
         super()._apply(fn, recurse)
-        if self.stores_fp8_weight:
-            keep_buffer_dtypes(self, {"weight_fp8": fp8_weight_storage.WEIGHT_DTYPE, "weight_scale": torch.float32,
-                                      "weight_scale_inv": torch.float32})
+        for name, before in stored.items():
+            after = self._buffers[name]
+            if after.dtype != before.dtype:
+                self._buffers[name] = before.to(after.device)
         return self
 
     @property
@@ -94,12 +113,40 @@ class Linear(torch.nn.Linear):
         return self.weight is None
 
     def quantize_weight_from(self, source: torch.Tensor) -> None:
-        """Set the FP8 weight to cast_to_fp8(source) with a scale from source's amax (in place)."""
+        """Set the stored FP8 weight (and its scales) to the quantization of `source` (in place).
+
+        Per-tensor storage: cast_to_fp8(source) with a scale from source's amax; block storage: the
+        quantization its recipe's forward would give `source`.
+        """
         self._require_fp8_weight("quantize_weight_from")
         if source.shape != self.weight_fp8.shape:
             raise ValueError(f"fp8mp.nn.Linear.quantize_weight_from: argument 'source' must have shape "
                              f"{tuple(self.weight_fp8.shape)}, got {tuple(source.shape)}")
-        fp8_weight_storage.quantize_weight_(source, self.weight_fp8, self.weight_scale, self.weight_scale_inv)
+        if self.fp8_weight_layout is not None:
+            buffers = {name: self._buffers[name] for name in self._fp8_weight_buffers}
+            fp8_weight_storage.block_quantize_weight_(source, self._fp8_weight_recipe, buffers)
+        else:
+            fp8_weight_storage.quantize_weight_(source, self.weight_fp8, self.weight_scale, self.weight_scale_inv)
+
+    def decode_stored_weight(self, dtype: torch.dtype, master: torch.Tensor | None = None) -> torch.Tensor:
+        """The stored FP8 weight decoded to `dtype` [N, K]; differentiable into `master` when one is given."""
+        self._require_fp8_weight("decode_stored_weight")
+        layout = self.fp8_weight_layout
+        blocks = None if layout is None else (layout.block_rows, layout.block_k or self.in_features)
+        return fp8_weight_storage.decode_weight(self.weight_fp8, self.weight_scale_inv, dtype, master, blocks)
+
+    def _stored_weight_for(self, recipe):
+        """The stored weight as fp8_linear takes it under `recipe`; refuses a recipe of another weight layout."""
+        needed = fp8_weight_storage.block_weight_layout(recipe)
+        if needed != self.fp8_weight_layout:
+            stored = self.fp8_weight_layout or "per-tensor scaling (DelayedScaling / CurrentScaling)"
+            raise RuntimeError(
+                f"fp8mp.nn.Linear: this layer's FP8 weight is stored for {stored}, but it runs under "
+                f"{type(recipe).__name__}, which needs {needed or 'one per-tensor scale'}: create the model inside "
+                "fp8mp.fp8_model_init(recipe=...) with the recipe it runs under")
+        if needed is None:
+            return self.weight_fp8, self.weight_scale_inv
+        return stored_weight_operands(recipe, *(self._buffers[name] for name in self._fp8_weight_buffers))
 
     def attach_master_weight(self, master: torch.nn.Parameter) -> None:
         """Make `master` (an FP32 Parameter of the weight's shape) the leaf that receives dW.
@@ -148,8 +195,7 @@ class Linear(torch.nn.Linear):
         linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
         weight = self.weight
         if weight is None:
-            weight = torch.nn.Parameter(fp8_weight_storage.decode_weight(self.weight_fp8, self.weight_scale_inv,
-                                                                         torch.float32, None).detach())
+            weight = torch.nn.Parameter(self.decode_stored_weight(torch.float32).detach())
         linear.weight, linear.bias = weight, self.bias
         return linear
 

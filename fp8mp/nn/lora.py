@@ -41,9 +41,13 @@ class LoRALinear(torch.nn.Module):
         alpha: number > 0; the update is scaled by alpha / rank.
         fp8_base_weight: store the base weight in FP8 (needs an fp8mp.nn.Linear base; convert a torch
             one with `fp8mp.nn.Linear.from_linear` or `fp8mp.convert` first).
+        fp8_base_recipe: the recipe the FP8 base weight is quantized for (block scales for the
+            fine-grained recipes, see fp8mp/nn/fp8_weight.py); default the base's fp8_recipe, else
+            fp8_model_init's, else one per-tensor scale. Ignored when the base already stores FP8.
     """
 
-    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float, fp8_base_weight: bool = False):
+    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float, fp8_base_weight: bool = False,
+                 fp8_base_recipe=None):
         super().__init__()
         if not isinstance(base, torch.nn.Linear):
             raise TypeError(f"LoRALinear: argument 'base' must be a torch.nn.Linear or fp8mp.nn.Linear, got {type(base).__name__}")
@@ -54,15 +58,17 @@ class LoRALinear(torch.nn.Module):
             raise ValueError("LoRALinear: argument 'fp8_base_weight'=True needs an fp8mp.nn.Linear base, got a "
                              "torch.nn.Linear (convert it first: fp8mp.nn.Linear.from_linear(base))")
         if fp8_base_weight and not base.stores_fp8_weight:
-            base._store_weight_in_fp8()
+            base._store_weight_in_fp8(fp8_base_recipe)
         if isinstance(base, Linear):
             base.freeze_weight()
         for param in base.parameters():
             param.requires_grad_(False)
         self.base, self.rank, self.alpha = base, rank, float(alpha)
         self.scaling = self.alpha / rank
-        reference = base.weight if base.weight is not None else base.weight_scale  # device; fp32 for FP8 storage
-        factory = dict(device=reference.device, dtype=reference.dtype)
+        if base.weight is not None:
+            factory = dict(device=base.weight.device, dtype=base.weight.dtype)
+        else:  # FP8 storage: adapters in fp32
+            factory = dict(device=base.weight_fp8.device, dtype=torch.float32)
         self.lora_A = torch.nn.Parameter(torch.empty(rank, base.in_features, **factory))
         self.lora_B = torch.nn.Parameter(torch.zeros(base.out_features, rank, **factory))
         torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as torch.nn.Linear's weight
@@ -83,12 +89,13 @@ class LoRALinear(torch.nn.Module):
         return f"rank={self.rank}, alpha={self.alpha}"
 
 
-def apply_lora(model: torch.nn.Module, rank: int, alpha: float, targets, fp8_base_weight: bool = False) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, rank: int, alpha: float, targets, fp8_base_weight: bool = False,
+               fp8_base_recipe=None) -> torch.nn.Module:
     """Freeze every parameter of `model`, then wrap each Linear whose name contains a target in a LoRALinear.
 
     Args:
         model: any module (changed in place and returned).
-        rank, alpha, fp8_base_weight: as LoRALinear's.
+        rank, alpha, fp8_base_weight, fp8_base_recipe: as LoRALinear's.
         targets: non-empty list of non-empty strings; a torch.nn.Linear / fp8mp.nn.Linear is wrapped when
             its fully qualified name contains any of them (e.g. ["qkv", "mlp.fc"]).
 
@@ -116,4 +123,7 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, targets, fp8_bas
                          "torch.nn.Linear (convert them first with fp8mp.convert, or narrow 'targets')")
     for param in model.parameters():
         param.requires_grad_(False)
-    return _swap_in_place(model, lambda name, m: LoRALinear(m, rank, alpha, fp8_base_weight) if matches(name, m) else None)
+    def wrap(name: str, module: torch.nn.Module):
+        return LoRALinear(module, rank, alpha, fp8_base_weight, fp8_base_recipe) if matches(name, module) else None
+
+    return _swap_in_place(model, wrap)

@@ -24,7 +24,9 @@ Non-finite inputs are not refused: a NaN makes its tile's scale NaN (E8M0 code 2
 tile decodes as NaN, and an Inf makes it decode as NaN too (scale_inv Inf or a NaN data code), so
 an overflow stays visible.
 
-No CUDA kernels yet: on CUDA tensors both wrappers raise NotImplementedError.
+No CUDA kernels yet: fp8mp registers these ops for CPU only, and on CUDA tensors the wrappers and
+the fake kernels (so torch.compile's tracing too) raise NotImplementedError before any work, never
+falling back to something else.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
-__all__ = ["block_quantize", "block_scaled_gemm", "BLOCK_SCALE_MODES"]
+__all__ = ["block_quantize", "block_quantize_transpose", "block_scaled_gemm", "block_dequantize", "BLOCK_SCALE_MODES"]
 
 BLOCK_SCALE_MODES = checks.BLOCK_SCALE_MODES
 
@@ -46,8 +48,19 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
+CUDA_MISSING = ("fp8mp's CUDA block-scaled kernels are not built (this fp8mp has CPU kernels only for "
+                "fine-grained scaling; the cuBLASLt scale modes they need are listed in fp8mp/ops/blockwise.py)")
+
+
+def refuse_cuda(what: str, *tensors) -> None:
+    """NotImplementedError naming `what` when any of `tensors` is on CUDA (no CUDA kernels, no fallback)."""
+    if any(t is not None and t.is_cuda for t in tensors):
+        raise NotImplementedError(f"{what} on CUDA tensors: {CUDA_MISSING}")
+
+
 @torch.library.register_fake("fp8mp::block_quantize")
 def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
+    refuse_cuda("fp8mp.ops.block_quantize", x)
     fmt, scale_mode = checks.check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode)
     rows, cols = x.shape
     scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
@@ -55,17 +68,23 @@ def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
             x.new_empty((_ceil_div(rows, block_rows), _ceil_div(cols, block_cols)), dtype=scale_dtype))
 
 
+@torch.library.register_fake("fp8mp::block_quantize_transpose")
+def _block_quantize_transpose_fake(x, row_block, col_block, fmt, scale_mode):
+    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
+    fmt, scale_mode = checks.check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode)
+    rows, cols = x.shape
+    data_dtype = FP8_DTYPES[fmt]
+    scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
+    return (x.new_empty((rows, cols), dtype=data_dtype), x.new_empty((rows, _ceil_div(cols, row_block)), dtype=scale_dtype),
+            x.new_empty((cols, rows), dtype=data_dtype), x.new_empty((cols, _ceil_div(rows, col_block)), dtype=scale_dtype))
+
+
 @torch.library.register_fake("fp8mp::block_scaled_gemm")
 def _block_scaled_gemm_fake(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias, out_dtype):
+    refuse_cuda("fp8mp.ops.block_scaled_gemm", a, b)
     checks.check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias,
                                         out_dtype)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-
-
-def _refuse_cuda(op: str, t: torch.Tensor) -> None:
-    if t.is_cuda:
-        raise NotImplementedError(f"fp8mp.{op}: no CUDA kernel yet (fine-grained scaling runs on CPU only in this "
-                                  "build); the cuBLASLt scale modes it needs are listed in fp8mp/ops/blockwise.py")
 
 
 @raising_value_errors
@@ -93,8 +112,24 @@ def block_quantize(x: torch.Tensor, block_rows: int, block_cols: int, fmt: str =
     Returns:
         (data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu).
     """
-    _refuse_cuda("block_quantize", x)
+    refuse_cuda("fp8mp.ops.block_quantize", x)
     return torch.ops.fp8mp.block_quantize(x, block_rows, block_cols, fmt, scale_mode)
+
+
+@raising_value_errors
+def block_quantize_transpose(x: torch.Tensor, row_block: int, col_block: int, fmt: str = "e4m3",
+                             scale_mode: str = "fp32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both 1-row quantizations of a 2-D `x` that a GEMM and its backward need, from the same reads of `x`.
+
+    Returns (data, scale_inv, data_t, scale_inv_t), bit for bit
+    ``block_quantize(x, 1, row_block, fmt, scale_mode)`` and ``block_quantize(x.T, 1, col_block, fmt, scale_mode)``:
+    data [R, C] in 1 x row_block tiles along each row, scale_inv [R, ceil(C / row_block)]; data_t [C, R],
+    x's transpose, in 1 x col_block tiles along each column of x, scale_inv_t [C, ceil(R / col_block)].
+    The kernel reads x twice (every tile amax of both layouts, then both casts), where the two calls
+    would read it four times and copy its transpose.
+    """
+    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
+    return torch.ops.fp8mp.block_quantize_transpose(x, row_block, col_block, fmt, scale_mode)
 
 
 @raising_value_errors
@@ -117,6 +152,22 @@ def block_scaled_gemm(a: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tenso
         bias: optional [N] tensor of dtype `out_dtype`.
         out_dtype: float32, bfloat16 or float16.
     """
-    _refuse_cuda("block_scaled_gemm", a)
+    refuse_cuda("fp8mp.ops.block_scaled_gemm", a, b)
     return torch.ops.fp8mp.block_scaled_gemm(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k,
                                              bias, out_dtype)
+
+
+def block_dequantize(data: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, block_cols: int,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The values a block_quantize result stands for: ``fp32(data) * scale_inv[tile]``, rounded once to `dtype`.
+
+    data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu.
+    (Composite torch ops: each element is one fp32 multiplication, exact for power-of-two scales.)
+    """
+    rows, cols = data.shape
+    expected = (_ceil_div(rows, block_rows), _ceil_div(cols, block_cols))
+    if tuple(scale_inv.shape) != expected:
+        raise ValueError(f"fp8mp.block_dequantize: argument 'scale_inv' must have shape {expected} for data "
+                         f"{tuple(data.shape)} in {block_rows} x {block_cols} blocks, got {tuple(scale_inv.shape)}")
+    per_element = scale_inv.float().repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
+    return (data.float() * per_element[:rows, :cols]).to(dtype)

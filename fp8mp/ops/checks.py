@@ -26,7 +26,7 @@ from fp8mp.ops.format import FP8_DTYPES, HIGH_PRECISION_DTYPES
 __all__ = [
     "check_cast_to_fp8_args", "check_cast_from_fp8_args", "check_fp8_gemm_args", "check_norm_fwd_args",
     "check_norm_fwd_fp8_args", "check_norm_bwd_args", "check_update_amax_history_args", "check_no_overlap",
-    "check_block_quantize_args", "check_block_scaled_gemm_args",
+    "check_block_quantize_args", "check_block_quantize_transpose_args", "check_block_scaled_gemm_args",
 ]
 
 
@@ -263,16 +263,30 @@ def _check_block_size(size: int, op: str, arg: str) -> None:
     _require(size >= 1, ValueError, f"{op}: argument '{arg}' must be >= 1, got {size}")
 
 
-def check_block_quantize_args(x, block_rows: int, block_cols: int, fmt: str, scale_mode: str) -> tuple[str, str]:
-    """Returns (format, scale_mode)."""
-    op = "fp8mp::block_quantize"
+def _check_quantize_input(x, fmt: str, scale_mode: str, op: str) -> tuple[str, str]:
     fmt = parse_format(fmt, op)
     _require(scale_mode in BLOCK_SCALE_MODES, ValueError,
              f"{op}: argument 'scale_mode' must be 'fp32', 'pow2', 'e8m0_floor' or 'e8m0_rceil', got '{scale_mode}'")
     check_high_precision_dtype(x.dtype, op, "x")
     _require(x.dim() == 2, ValueError, f"{op}: argument 'x' must be 2-D, got shape {sizes(x)}")
+    return fmt, scale_mode
+
+
+def check_block_quantize_args(x, block_rows: int, block_cols: int, fmt: str, scale_mode: str) -> tuple[str, str]:
+    """Returns (format, scale_mode)."""
+    op = "fp8mp::block_quantize"
+    fmt, scale_mode = _check_quantize_input(x, fmt, scale_mode, op)
     _check_block_size(block_rows, op, "block_rows")
     _check_block_size(block_cols, op, "block_cols")
+    return fmt, scale_mode
+
+
+def check_block_quantize_transpose_args(x, row_block: int, col_block: int, fmt: str, scale_mode: str) -> tuple[str, str]:
+    """Returns (format, scale_mode)."""
+    op = "fp8mp::block_quantize_transpose"
+    fmt, scale_mode = _check_quantize_input(x, fmt, scale_mode, op)
+    _check_block_size(row_block, op, "row_block")
+    _check_block_size(col_block, op, "col_block")
     return fmt, scale_mode
 
 

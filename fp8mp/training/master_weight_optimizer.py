@@ -18,8 +18,6 @@ from typing import Callable
 
 import torch
 
-from fp8mp.nn.fp8_weight import decode_weight
-
 __all__ = ["MasterWeightOptimizer"]
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
@@ -55,7 +53,7 @@ class MasterWeightOptimizer:
 
     @staticmethod
     def _new_master(layer) -> torch.nn.Parameter:
-        return torch.nn.Parameter(decode_weight(layer.weight_fp8, layer.weight_scale_inv, torch.float32, None))
+        return torch.nn.Parameter(layer.decode_stored_weight(torch.float32))
 
     def _build(self, optimizer, model: torch.nn.Module) -> torch.optim.Optimizer:
         if isinstance(optimizer, torch.optim.Optimizer):
@@ -89,7 +87,7 @@ class MasterWeightOptimizer:
         return loss
 
     def requantize(self) -> None:
-        """FP8 weight of each layer = cast_to_fp8(master), with a scale from the master's amax."""
+        """FP8 weight of each layer = its quantization of the master (per-tensor or its recipe's block scales)."""
         for layer, master in zip(self.layers, self.masters):
             layer.quantize_weight_from(master)
 

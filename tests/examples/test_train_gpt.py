@@ -75,3 +75,35 @@ def test_bad_configs():
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="'idx'"):
         GPT(TINY_MODEL)(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_torchao_peer_run_swaps_in_float8linear_with_the_same_init_and_learns():
+    from torchao.float8.float8_linear import Float8Linear
+    from train_gpt import PEERS, with_torchao_float8
+
+    torch.manual_seed(0)
+    reference = GPT(TINY_MODEL)
+    torch.manual_seed(0)
+    peer = with_torchao_float8(GPT(TINY_MODEL), "rowwise")
+    linears = [m for m in peer.modules() if isinstance(m, Float8Linear)]
+    assert len(linears) == 4 * TINY_MODEL.n_layers and not any(isinstance(m, fp8mp.nn.Linear) for m in peer.modules())
+    assert linears[0].config.emulate and linears[0].config.cast_config_input.scaling_granularity.value == "axiswise"
+    peer_params = dict(peer.named_parameters())
+    assert peer_params.keys() == dict(reference.named_parameters()).keys()
+    assert all(torch.equal(p, peer_params[name]) for name, p in reference.named_parameters())
+    with pytest.raises(ValueError, match="no torchao Float8Linear recipe matches --recipe 'mxfp8'"):
+        with_torchao_float8(GPT(TINY_MODEL), "mxfp8")
+    result = train(TINY_MODEL, TINY_TRAIN, PEERS["torchao"])
+    first, last = first_and_last(result.train_losses)
+    assert last < first - 0.5 and result.name == "torchao FP8"
+
+
+def test_seed_table_reports_fp8_against_the_peer_per_seed_and_the_mean_against_bf16():
+    from gpt_report import seed_table
+
+    table = seed_table([{"FP8": 2.0, "torchao FP8": 2.02, "BF16": 1.9}, {"FP8": 2.2, "torchao FP8": 2.2, "BF16": 2.3}],
+                       "torchao FP8")
+    lines = table.splitlines()
+    assert lines[0] == "| seed | FP8 | torchao FP8 | BF16 | FP8 vs torchao FP8 | FP8 vs BF16 |"
+    assert lines[2] == "| 0 | 2.0000 | 2.0200 | 1.9000 | -0.99% | +5.26% |"
+    assert lines[4] == "| mean of 2 | 2.1000 | 2.1100 | 2.1000 | -0.47% | +0.00% |"

@@ -121,10 +121,11 @@ def test_conv1d_and_layernorm_linear_and_bf16_run_under_block_recipes(recipe):
     assert out.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.bfloat16
 
 
-def test_fp8_weight_storage_refuses_block_recipes_clearly():
-    with fp8mp.fp8_model_init():
+def test_per_tensor_fp8_weight_storage_refuses_block_recipes_clearly():
+    with fp8mp.fp8_model_init():  # no recipe: one per-tensor scale (tests/nn/test_block_fp8_weights.py stores blocks)
         layer = fp8mp.nn.Linear(32, 16)
-    with pytest.raises(NotImplementedError, match="BlockScaling needs block scales"):
+    with pytest.raises(RuntimeError, match=r"stored for per-tensor scaling .* runs under BlockScaling, which needs "
+                                           r"BlockScaling \(128 x 128 blocks.*fp8_model_init\(recipe=\.\.\.\)"):
         with fp8mp.fp8_autocast(fp8_recipe=BlockScaling()), torch.no_grad():
             layer.eval()(torch.randn(2, 32))
 
@@ -178,3 +179,23 @@ def test_fp8_group_reduces_nothing_for_block_recipes():
     layer.fp8_meta.configure(fp8mp.recipe.CurrentScaling())  # a per-tensor recipe does have amaxes to reduce
     distributed.remember_modules(group, [layer])
     assert list(distributed._PENDING.pop(group)) == [id(layer)]
+
+
+def test_cuda_tensors_are_refused_before_any_work_naming_the_recipe():
+    """FakeTensorMode's CUDA tensors (no GPU needed): the per-tensor path traces, the block recipes refuse at once."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        layer = fp8mp.nn.Linear(64, 32, device="cuda")
+        x = torch.randn(4, 64, device="cuda")
+        with fp8mp.fp8_autocast(fp8_recipe=fp8mp.recipe.CurrentScaling()):
+            assert layer(x).shape == (4, 32) and layer(x).is_cuda  # the control: CUDA per-tensor kernels exist
+        for recipe in (RowwiseScaling(), BlockScaling(), MXFP8Scaling()):
+            name = type(recipe).__name__
+            with pytest.raises(NotImplementedError, match=rf"^fp8mp: {name} \(fine-grained scaling\) on CUDA tensors: "
+                                                          "fp8mp's CUDA block-scaled kernels are not built"):
+                with fp8mp.fp8_autocast(fp8_recipe=recipe):
+                    layer(x)
+            with pytest.raises(NotImplementedError, match=rf"FP8 weight storage for {name} .*kernels are not built"):
+                with fp8mp.fp8_model_init(recipe=recipe):
+                    fp8mp.nn.Linear(64, 32, device="cuda")

@@ -10,9 +10,10 @@ import re
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp8mp  # noqa: F401
-from fp8mp.ops import block_quantize, block_scaled_gemm
+from fp8mp.ops import block_quantize, block_quantize_transpose, block_scaled_gemm
 from opcheck_util import error_of, opcheck_fp8_aware
 from blockwise_reference import FP8_MAX, block_gemm_reference, deepseek_quantize
 
@@ -103,6 +104,35 @@ def test_tiles_match_the_deepseek_reference_including_partial_edge_tiles(block, 
     assert torch.equal(bits(data), bits(ref_data))
 
 
+# ---------------------------------------------------------------- both layouts from one read
+@pytest.mark.parametrize("mode", ["fp32", "pow2", "e8m0_floor", "e8m0_rceil"])
+@pytest.mark.parametrize("shape,blocks", [((256, 384), (128, 128)), ((130, 200), (32, 32)), ((96, 72), (72, 96)),
+                                          ((1, 1), (32, 32)), ((37, 1000), (7, 5)), ((2000, 20), (32, 2000))],
+                         ids=["block", "mx-partial", "rowwise", "1x1", "odd", "tall"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_transpose_is_the_two_quantizations_bit_for_bit(mode, shape, blocks, x_dtype):
+    x = with_special_rows(wide_range(shape, x_dtype, seed=shape[0], spread=6.0)) if shape[0] > 2 else torch.randn(shape)
+    if shape[0] > 4:
+        x[3, 0], x[4, -1] = float("nan"), float("inf")  # NaN and Inf tiles, in both layouts
+    x = x.to(x_dtype)
+    row_block, col_block = blocks
+    data, scale_inv, data_t, scale_inv_t = block_quantize_transpose(x, row_block, col_block, "e4m3", mode)
+    ref, ref_scale = block_quantize(x, 1, row_block, "e4m3", mode)
+    ref_t, ref_scale_t = block_quantize(x.t(), 1, col_block, "e4m3", mode)
+    assert data.shape == x.shape and data_t.shape == x.t().shape
+    for got, want in ((data, ref), (scale_inv, ref_scale), (data_t, ref_t), (scale_inv_t, ref_scale_t)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_quantize_transpose_matches_torchao_to_mx_in_both_layouts():
+    x = wide_range((64, 96), torch.bfloat16, seed=11)
+    data, scale, data_t, scale_t = block_quantize_transpose(x, 32, 32, "e4m3", "e8m0_rceil")
+    for (d, s), t in (((data, scale), x), ((data_t, scale_t), x.t().contiguous())):
+        ref_scale, ref_data = to_mx(t, E4M3, 32, ScaleCalculationMode.RCEIL)
+        assert torch.equal(bits(d), bits(ref_data)) and torch.equal(bits(s), bits(ref_scale).reshape(s.shape))
+
+
 def test_a_partial_tile_is_scaled_as_if_zero_padded():
     x = torch.randn(5, 40)
     data, scale_inv = block_quantize(x, 1, 32, "e4m3", "e8m0_rceil")
@@ -187,6 +217,12 @@ def test_opcheck_block_quantize(mode):
     opcheck_fp8_aware(torch.ops.fp8mp.block_quantize.default, (torch.randn(130, 70).bfloat16(), 128, 128, "e5m2", mode))
 
 
+@pytest.mark.parametrize("mode", ["fp32", "e8m0_rceil"])
+def test_opcheck_block_quantize_transpose(mode):
+    opcheck_fp8_aware(torch.ops.fp8mp.block_quantize_transpose.default, (torch.randn(33, 70), 32, 32, "e4m3", mode))
+    opcheck_fp8_aware(torch.ops.fp8mp.block_quantize_transpose.default, (torch.randn(40, 24).half(), 24, 40, "e5m2", mode))
+
+
 @pytest.mark.parametrize("e8m0", [False, True])
 def test_opcheck_block_scaled_gemm(e8m0):
     a, b = small_integer_fp8((33, 70), E4M3, 1), small_integer_fp8((9, 70), E4M3, 2)
@@ -210,6 +246,11 @@ BAD_CALLS = {
     "quantize dtype": lambda d: ops.block_quantize(torch.ones(2, 4, device=d, dtype=torch.float64), 1, 4, "e4m3", "fp32"),
     "quantize 3-D": lambda d: ops.block_quantize(torch.ones(2, 4, 1, device=d), 1, 4, "e4m3", "fp32"),
     "quantize block": lambda d: ops.block_quantize(torch.ones(2, 4, device=d), 1, 0, "e4m3", "fp32"),
+    "transpose mode": lambda d: ops.block_quantize_transpose(torch.ones(2, 4, device=d), 4, 2, "e4m3", "e8m0"),
+    "transpose dtype": lambda d: ops.block_quantize_transpose(torch.ones(2, 4, device=d, dtype=torch.int32), 4, 2, "e4m3",
+                                                              "fp32"),
+    "transpose 1-D": lambda d: ops.block_quantize_transpose(torch.ones(4, device=d), 4, 2, "e4m3", "fp32"),
+    "transpose block": lambda d: ops.block_quantize_transpose(torch.ones(2, 4, device=d), 4, 0, "e4m3", "fp32"),
     "gemm scale shape": lambda d: _gemm(d, sa_shape=(4, 3)),
     "gemm scale dtype": lambda d: _gemm(d, sa_dtype=torch.bfloat16),
     "gemm e5m2 pair": lambda d: ops.block_scaled_gemm(torch.ones(2, 4, device=d).to(E5M2), torch.ones(2, 1, device=d),
@@ -235,3 +276,28 @@ def test_the_scale_shape_error_says_the_expected_shape():
     a, b = torch.ones(4, 64).to(E4M3), torch.ones(3, 64).to(E4M3)
     with pytest.raises(ValueError, match=r"'a_scale_inv' must have shape \[4, 2\] \(one scale per 1 x 32 block\), got shape \[4, 3\]"):
         block_scaled_gemm(a, torch.ones(4, 3), b, torch.ones(3, 2), 1, 1, 32)
+
+
+@pytest.mark.parametrize("op", ["block_quantize", "block_quantize_transpose", "block_scaled_gemm"])
+def test_no_cuda_kernel_and_no_fallback_that_would_run_on_cuda(op):
+    """The dispatcher has a CPU kernel and a fake (Meta), and nothing that a CUDA tensor could silently reach."""
+    name = f"fp8mp::{op}"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has(name, "CPU") and has(name, "Meta")
+    for key in ("CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                "AutogradCUDA"):
+        assert not has(name, key), key
+
+
+def test_wrappers_and_fake_kernels_refuse_cuda_tensors_before_any_work():
+    with FakeTensorMode():  # CUDA fake tensors: what torch.compile traces, no GPU needed
+        x = torch.randn(8, 64, device="cuda")
+        with pytest.raises(NotImplementedError, match=r"^fp8mp.ops.block_quantize on CUDA tensors: fp8mp's CUDA "
+                                                      "block-scaled kernels are not built"):
+            block_quantize(x, 1, 32)
+        with pytest.raises(NotImplementedError, match="block_quantize on CUDA tensors"):
+            ops.block_quantize(x, 1, 32, "e4m3", "fp32")  # the fake kernel itself
+        a = torch.ones(4, 64, device="cuda").to(E4M3)
+        with pytest.raises(NotImplementedError, match="block_scaled_gemm on CUDA tensors: .*not built"):
+            ops.block_scaled_gemm(a, torch.ones(4, 2, device="cuda"), a, torch.ones(4, 2, device="cuda"), 1, 1, 32, None,
+                                  torch.float32)
