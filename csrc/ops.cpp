@@ -53,6 +53,14 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   m.def(
       "block_quantize_transpose(Tensor x, int row_block, int col_block, str fmt, str scale_mode) -> "
       "(Tensor data, Tensor scale_inv, Tensor data_t, Tensor scale_inv_t)");
+  // LayerNorm (is_layernorm) or RMSNorm (bias None) of a 2-D x writing block-scaled FP8 directly: the
+  // four outputs of block_quantize_transpose(norm output in x's dtype, row_block, col_block, fmt, scale_mode),
+  // bit for bit, without the norm output in memory; mean ([R] for LayerNorm, [0] for RMSNorm) and rstd [R]
+  // as layernorm_fwd / rmsnorm_fwd give them, for the norm's backward. CPU only (csrc/norm).
+  m.def(
+      "norm_fwd_block_fp8(Tensor x, Tensor? weight, Tensor? bias, float eps, bool is_layernorm, "
+      "bool zero_centered_gamma, int row_block, int col_block, str fmt, str scale_mode) -> (Tensor data, "
+      "Tensor scale_inv, Tensor data_t, Tensor scale_inv_t, Tensor mean, Tensor rstd)");
   // out = sum over K chunks c of block_k: fp32(sum_{k in c} dec(a) * dec(b)) * (a_scale_inv[m / a_block_rows, c] *
   // b_scale_inv[n / b_block_rows, c]), accumulated in fp32, plus bias, rounded once to out_dtype; a [M, K], b [N, K].
   m.def(

@@ -59,8 +59,8 @@ BlockQuantizeArgs check_block_quantize_args(const Tensor& x, int64_t block_rows,
 }
 
 BlockQuantizeArgs check_block_quantize_transpose_args(const Tensor& x, int64_t row_block, int64_t col_block,
-                                                      const std::string& fmt, const std::string& scale_mode) {
-  constexpr const char* op = "fp8mp::block_quantize_transpose";
+                                                      const std::string& fmt, const std::string& scale_mode,
+                                                      const char* op) {
   const BlockQuantizeArgs args = check_quantize_input(x, fmt, scale_mode, op);
   check_block_size(row_block, op, "row_block");
   check_block_size(col_block, op, "col_block");

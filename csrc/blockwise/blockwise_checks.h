@@ -20,9 +20,10 @@ struct BlockQuantizeArgs {
 BlockQuantizeArgs check_block_quantize_args(const Tensor& x, int64_t block_rows, int64_t block_cols,
                                             const std::string& fmt, const std::string& scale_mode);
 
-// x as block_quantize's; row_block, col_block >= 1.
+// x as block_quantize's; row_block, col_block >= 1. `op` names the op in the messages.
 BlockQuantizeArgs check_block_quantize_transpose_args(const Tensor& x, int64_t row_block, int64_t col_block,
-                                                      const std::string& fmt, const std::string& scale_mode);
+                                                      const std::string& fmt, const std::string& scale_mode,
+                                                      const char* op = "fp8mp::block_quantize_transpose");
 
 struct BlockGemmFormats {
   Fp8Format a;

@@ -263,6 +263,51 @@ void block_quantize_transpose_impl(const scalar_t* x, int64_t rows, int64_t cols
   });
 }
 
+template <typename scalar_t, Fp8Format F>
+void block_quantize_transpose_strip_impl(const scalar_t* strip, int64_t r0, int64_t strip_rows, int64_t rows,
+                                         int64_t cols, int64_t row_block, int64_t col_block, BlockScaleMode mode,
+                                         uint8_t* y, void* scale_inv, uint8_t* y_t, void* scale_inv_t) {
+  const int64_t row_tiles = ceil_div(cols, row_block), col_tiles = ceil_div(rows, col_block), tr = r0 / col_block;
+  const bool clamp_first = is_e8m0(mode);
+  const float fp8_max = FormatTraits<F>::kMax;
+  std::vector<float> row_mul(static_cast<size_t>(strip_rows * row_tiles)), col_mul(static_cast<size_t>(cols), 0.0f);
+  for (int64_t r = 0; r < strip_rows; ++r) {  // col_mul holds the column amaxes first
+    const scalar_t* row = strip + r * cols;
+    for (int64_t tc = 0; tc < row_tiles; ++tc) {
+      float m = 0.0f;
+      for (int64_t c = tc * row_block, c1 = std::min(cols, c + row_block); c < c1; ++c) {
+        const float a = std::fabs(static_cast<float>(row[c]));
+        m = nan_max(m, a);
+        col_mul[size_t(c)] = nan_max(col_mul[size_t(c)], a);
+      }
+      const TileScale s = tile_scale(m, mode, F);
+      row_mul[size_t(r * row_tiles + tc)] = s.multiplier;
+      store_scale_inv(scale_inv, (r0 + r) * row_tiles + tc, s, clamp_first);
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    const TileScale s = tile_scale(col_mul[size_t(c)], mode, F);
+    col_mul[size_t(c)] = s.multiplier;
+    store_scale_inv(scale_inv_t, c * col_tiles + tr, s, clamp_first);
+  }
+  const auto cast = [&](float v, float mul) {
+    const float scaled = v * mul;
+    return encode<F>(clamp_first ? clamp_keep_nan(scaled, fp8_max) : scaled);
+  };
+  for (int64_t r = 0; r < strip_rows; ++r) {
+    const scalar_t* row = strip + r * cols;
+    for (int64_t c = 0; c < cols;) {
+      const int64_t tc = c / row_block, tile_end = std::min(cols, (tc + 1) * row_block);
+      const float row_multiplier = row_mul[size_t(r * row_tiles + tc)];
+      for (; c < tile_end; ++c) {
+        const float v = static_cast<float>(row[c]);
+        y[(r0 + r) * cols + c] = cast(v, row_multiplier);
+        y_t[c * rows + r0 + r] = cast(v, col_mul[size_t(c)]);
+      }
+    }
+  }
+}
+
 std::unique_ptr<float[]> uninitialized_floats(int64_t n) { return std::unique_ptr<float[]>(new float[size_t(n)]); }
 
 // Decode rows [row0, row0 + rows) of a row-major [*, K] FP8 operand into chunk-major fp32:
@@ -362,6 +407,19 @@ void block_quantize_transpose(const void* x, HpType x_type, int64_t rows, int64_
     FP8MP_DISPATCH_FORMAT(format, [&] {
       block_quantize_transpose_impl<scalar_t, kFormat>(static_cast<const scalar_t*>(x), rows, cols, row_block,
                                                        col_block, mode, y, scale_inv, y_t, scale_inv_t, parallel_for);
+    });
+  });
+}
+
+void block_quantize_transpose_strip(const void* strip, HpType x_type, int64_t r0, int64_t strip_rows, int64_t rows,
+                                    int64_t cols, int64_t row_block, int64_t col_block, Fp8Format format,
+                                    BlockScaleMode mode, uint8_t* y, void* scale_inv, uint8_t* y_t, void* scale_inv_t) {
+  if (strip_rows == 0 || cols == 0) return;
+  FP8MP_DISPATCH_HP(x_type, [&] {
+    FP8MP_DISPATCH_FORMAT(format, [&] {
+      block_quantize_transpose_strip_impl<scalar_t, kFormat>(static_cast<const scalar_t*>(strip), r0, strip_rows, rows,
+                                                             cols, row_block, col_block, mode, y, scale_inv, y_t,
+                                                             scale_inv_t);
     });
   });
 }

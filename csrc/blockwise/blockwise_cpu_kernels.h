@@ -49,6 +49,15 @@ void block_quantize_transpose(const void* x, HpType x_type, int64_t rows, int64_
                               int64_t col_block, Fp8Format format, BlockScaleMode mode, uint8_t* y, void* scale_inv,
                               uint8_t* y_t, void* scale_inv_t, ParallelFor parallel_for);
 
+// The part of block_quantize_transpose's outputs that rows [r0, r0 + strip_rows) of a [rows, cols] x give,
+// from those rows alone (strip [strip_rows, cols] row-major, of x_type): their rows of y and scale_inv,
+// their columns of y_t, and the column tile r0 / col_block of scale_inv_t. r0 is a multiple of col_block
+// and the strip ends at the next one (or at rows), so the strip holds whole column tiles. Single-threaded:
+// callers run strips in parallel (the fused norm, norm_fwd_block_fp8).
+void block_quantize_transpose_strip(const void* strip, HpType x_type, int64_t r0, int64_t strip_rows, int64_t rows,
+                                    int64_t cols, int64_t row_block, int64_t col_block, Fp8Format format,
+                                    BlockScaleMode mode, uint8_t* y, void* scale_inv, uint8_t* y_t, void* scale_inv_t);
+
 // c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T per batch item, IEEE fp32, contiguous.
 using BatchedMatmulNtFp32 =
     std::function<void(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k)>;

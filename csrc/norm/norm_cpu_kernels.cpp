@@ -296,6 +296,40 @@ void norm_fwd(const NormFwdArgs& args, ParallelFor parallel_for) {
   }
 }
 
+namespace {
+
+// One task on the calling thread (the strips of norm_fwd_block_fp8 are the parallel units).
+void serial_for(int64_t begin, int64_t end, int64_t, const RangeBody& body) {
+  if (begin < end) body(begin, end);
+}
+
+}  // namespace
+
+void norm_fwd_block_fp8(const NormFwdArgs& args, int64_t row_block, int64_t col_block, BlockScaleMode mode,
+                        uint8_t* y, void* scale_inv, uint8_t* y_t, void* scale_inv_t, ParallelFor parallel_for) {
+  const int64_t rows = args.rows, hidden = args.hidden;
+  if (rows == 0 || hidden == 0) return;
+  const int64_t strips = (rows + col_block - 1) / col_block;
+  FP8MP_DISPATCH_HP(args.x_type, [&] {
+    parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> strip_out(static_cast<size_t>(std::min(col_block, rows) * hidden));
+      for (int64_t strip = begin; strip < end; ++strip) {
+        const int64_t r0 = strip * col_block, strip_rows = std::min(col_block, rows - r0);
+        NormFwdArgs part = args;  // norm_fwd of these rows alone, into the strip buffer
+        part.x = static_cast<const scalar_t*>(args.x) + r0 * hidden;
+        part.rows = strip_rows;
+        part.mean = args.mean != nullptr ? args.mean + r0 : nullptr;
+        part.rstd = args.rstd + r0;
+        part.out = strip_out.data();
+        part.fp8 = false;
+        norm_fwd(part, serial_for);
+        block_quantize_transpose_strip(strip_out.data(), args.x_type, r0, strip_rows, rows, hidden, row_block,
+                                       col_block, args.format, mode, y, scale_inv, y_t, scale_inv_t);
+      }
+    });
+  });
+}
+
 void norm_bwd(const NormBwdArgs& args, ParallelFor parallel_for) {
   if (args.centered) {
     norm_bwd_impl<true>(args, parallel_for);

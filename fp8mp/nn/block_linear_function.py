@@ -39,9 +39,14 @@ def _quantize(t: torch.Tensor, block_rows: int, recipe: BlockRecipe, fmt: str):
     return data, scale_inv, block_rows, block_k
 
 
+def both_blocks(recipe: BlockRecipe, rows: int, cols: int) -> tuple[int, int]:
+    """(row_block, col_block) of `_quantize_both` for a [rows, cols] tensor."""
+    return _block_k(recipe, cols), _block_k(recipe, rows)
+
+
 def _quantize_both(t: torch.Tensor, recipe: BlockRecipe, fmt: str):
     """(q, q_t): `_quantize(t, 1, ...)` and `_quantize(t.t(), 1, ...)` of a 2-D t, from one block_quantize_transpose."""
-    row_block, col_block = _block_k(recipe, t.shape[1]), _block_k(recipe, t.shape[0])
+    row_block, col_block = both_blocks(recipe, *t.shape)
     data, scale_inv, data_t, scale_inv_t = block_quantize_transpose(t, row_block, col_block, fmt, recipe.quantize_mode)
     return (data, scale_inv, 1, row_block), (data_t, scale_inv_t, 1, col_block)
 
@@ -79,14 +84,16 @@ def stored_weight_operands(recipe: BlockRecipe, w_data, w_scale_inv, w_t_data=No
 
 class BlockLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, recipe, formats, stored_weight=None):
+    def forward(ctx, x2d, weight, bias, recipe, formats, stored_weight=None, fp8_input=None):
         """x2d [M,K], weight [N,K] (may be a transposed view); formats: (forward, backward) op format strings.
 
         stored_weight: None, or the (w_q, w_t_q) of a weight stored in FP8 (`stored_weight_operands`),
         used as it is; `weight` then only receives the weight gradient (the FP32 master, or None).
+        fp8_input: None, or (x_q, x_t_q) as `_quantize_both(x2d)` would give them, written by a fused
+        norm (fp8mp/nn/norm_linear_function.py); `x2d` then only routes the input gradient.
         """
         forward_format, backward_format = formats
-        x_q, x_t_q = _quantize_both(x2d, recipe, forward_format)
+        x_q, x_t_q = _quantize_both(x2d, recipe, forward_format) if fp8_input is None else fp8_input
         w_q, w_t_q = quantize_weight(weight, recipe, forward_format) if stored_weight is None else stored_weight
         out_bias = bias.to(x2d.dtype) if bias is not None else None
         out = _gemm(x_q, w_q, x2d.dtype, out_bias)
@@ -121,7 +128,7 @@ class BlockLinearFunction(torch.autograd.Function):
             grad_w = _gemm(g_t_q, x_t_q, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def block_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, recipe: BlockRecipe,

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 
 from fp8mp.scaling import autocast as autocast_state
-from fp8mp.nn.norm_linear_function import norm_fp8_linear
+from fp8mp.nn.norm_linear_function import norm_block_fp8_linear, norm_fp8_linear
+from fp8mp.scaling.fp8_meta import LinearTensor
+from fp8mp.scaling.recipe import BlockScaling, MXFP8Scaling
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
@@ -14,12 +16,17 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 class LayerNormLinear(torch.nn.Module):
     """linear(norm(x)) where, under delayed scaling in `fp8_autocast`, the norm kernel casts its
     output to FP8 and records its amax in the same pass, so the Linear reads FP8 with no extra cast.
+    Under BlockScaling and MXFP8Scaling the norm kernel writes the block-scaled FP8 input in both
+    layouts the GEMMs read (x along K for fprop, x.T along M for wgrad), bit for bit the unfused
+    result. RowwiseScaling stays unfused: its x.T scales span all M rows, so no strip of rows can
+    be quantized before the whole norm output exists.
 
     Submodules `norm` (fp8mp.nn.LayerNorm or RMSNorm) and `linear` (fp8mp.nn.Linear) hold the
     parameters: state_dict keys norm.weight, norm.bias, linear.weight, linear.bias (+ linear's FP8
-    state). Outside fp8_autocast, under CurrentScaling (which needs the amax before the cast), on the
-    first step of delayed scaling, with an FP8-stored weight or a precision fallback, it runs the
-    two modules one after the other: the same numbers, without the fusion.
+    state). Outside fp8_autocast, under CurrentScaling or RowwiseScaling (which need the amax before
+    the cast), on the first step of delayed scaling, with an FP8-stored weight (per-tensor storage)
+    or a precision fallback, it runs the two modules one after the other: the same numbers, without
+    the fusion.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float = 1e-5,
@@ -44,6 +51,14 @@ class LayerNormLinear(torch.nn.Module):
         meta = linear.fp8_meta
         with meta.lock():
             meta.configure(linear.fp8_recipe or autocast_state.get_fp8_recipe())
+            recipe = meta.recipe
+            if not linear.fp8_fallback and (isinstance(recipe, BlockScaling) or isinstance(recipe, MXFP8Scaling)):
+                autocast_state.record_module(linear)
+                stored = linear._stored_weight_for(recipe) if linear.stores_fp8_weight else None
+                weight = linear._weight_grad_leaf() if linear.stores_fp8_weight else linear.weight
+                formats = (meta.format_of(LinearTensor.INPUT), meta.format_of(LinearTensor.GRAD_OUTPUT))
+                return norm_block_fp8_linear(input, self.norm, weight, linear.bias, recipe, formats, self.eps,
+                                             isinstance(self.norm, LayerNorm), stored)
             if linear.fp8_fallback or linear.stores_fp8_weight or meta.uses_current_scaling():
                 return linear(self.norm(input))
             ran_before = autocast_state.record_module(linear)

@@ -27,6 +27,7 @@ __all__ = [
     "check_cast_to_fp8_args", "check_cast_from_fp8_args", "check_fp8_gemm_args", "check_norm_fwd_args",
     "check_norm_fwd_fp8_args", "check_norm_bwd_args", "check_update_amax_history_args", "check_no_overlap",
     "check_block_quantize_args", "check_block_quantize_transpose_args", "check_block_scaled_gemm_args",
+    "check_norm_block_fp8_args",
 ]
 
 
@@ -281,13 +282,23 @@ def check_block_quantize_args(x, block_rows: int, block_cols: int, fmt: str, sca
     return fmt, scale_mode
 
 
-def check_block_quantize_transpose_args(x, row_block: int, col_block: int, fmt: str, scale_mode: str) -> tuple[str, str]:
+def check_block_quantize_transpose_args(x, row_block: int, col_block: int, fmt: str, scale_mode: str,
+                                        op: str = "fp8mp::block_quantize_transpose") -> tuple[str, str]:
     """Returns (format, scale_mode)."""
-    op = "fp8mp::block_quantize_transpose"
     fmt, scale_mode = _check_quantize_input(x, fmt, scale_mode, op)
     _check_block_size(row_block, op, "row_block")
     _check_block_size(col_block, op, "col_block")
     return fmt, scale_mode
+
+
+def check_norm_block_fp8_args(x, weight, bias, eps: float, is_layernorm: bool, row_block: int, col_block: int, fmt: str,
+                              scale_mode: str) -> tuple[str, str]:
+    """norm_fwd_block_fp8's checks (csrc/norm/norm_block_fp8_cpu.cpp); returns (format, scale_mode)."""
+    op = "fp8mp::norm_fwd_block_fp8"
+    _require(is_layernorm or bias is None, ValueError,
+             f"{op}: argument 'bias' must be None for RMSNorm (is_layernorm=False)")
+    check_norm_fwd_args(x, weight, bias, eps, op)
+    return check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode, op)
 
 
 def _check_block_scale(scale_inv, data, block_rows: int, block_k: int, op: str, arg: str) -> None:

@@ -14,7 +14,8 @@ The ``*_fwd_fp8`` variants compute the same out (rounded to x's dtype), then
 cast it to FP8 with ``scale`` in the same kernel, writing max|out| into
 ``amax`` (NaN-propagating). They mutate amax, so they have no autograd
 formula; their callers (fp8mp.nn.LayerNormLinear) call the ``*_bwd`` ops
-themselves. Autograd is registered on the functional ``layernorm_fwd`` and
+themselves. ``norm_fwd_block_fp8`` (CPU only) writes the out of either norm as block-scaled
+FP8 in both layouts instead (``norm_block_fp8``). Autograd is registered on the functional ``layernorm_fwd`` and
 ``rmsnorm_fwd`` only: gradients flow into x, weight and bias through ``out``;
 gradients arriving at the returned mean / rstd are ignored (treat them as
 non-differentiable statistics).
@@ -27,6 +28,7 @@ import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
+from fp8mp.ops.blockwise import refuse_cuda
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
@@ -37,6 +39,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_fp8",
     "rms_norm_backward",
+    "norm_block_fp8",
 ]
 
 
@@ -67,6 +70,20 @@ def _layernorm_fwd_fake(x, weight, bias, eps, zero_centered_gamma):
 def _layernorm_fwd_fp8_fake(x, weight, bias, eps, zero_centered_gamma, scale, amax, fmt):
     fmt = checks.check_norm_fwd_fp8_args(x, weight, bias, eps, scale, amax, fmt, "fp8mp::layernorm_fwd_fp8")
     return _out_like(x, FP8_DTYPES[fmt]), _stats_like(x), _stats_like(x)
+
+
+@torch.library.register_fake("fp8mp::norm_fwd_block_fp8")
+def _norm_fwd_block_fp8_fake(x, weight, bias, eps, is_layernorm, zero_centered_gamma, row_block, col_block, fmt,
+                             scale_mode):
+    refuse_cuda("fp8mp.ops.norm_block_fp8", x)
+    fmt, scale_mode = checks.check_norm_block_fp8_args(x, weight, bias, eps, is_layernorm, row_block, col_block, fmt,
+                                                       scale_mode)
+    rows, cols = x.shape
+    data_dtype = FP8_DTYPES[fmt]
+    scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
+    return (x.new_empty((rows, cols), dtype=data_dtype), x.new_empty((rows, -(-cols // row_block)), dtype=scale_dtype),
+            x.new_empty((cols, rows), dtype=data_dtype), x.new_empty((cols, -(-rows // col_block)), dtype=scale_dtype),
+            x.new_empty((rows if is_layernorm else 0,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32))
 
 
 @torch.library.register_fake("fp8mp::layernorm_bwd")
@@ -244,3 +261,20 @@ def rms_norm_backward(
     """(grad_x, grad_weight) of rms_norm; grad_weight is in weight's dtype, an empty
     float32 tensor when ``weight`` is None."""
     return torch.ops.fp8mp.rmsnorm_bwd(grad_out, x, rstd, weight, zero_centered_gamma)
+
+
+@raising_value_errors
+def norm_block_fp8(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+                   is_layernorm: bool, row_block: int, col_block: int, fmt: str = "e4m3", scale_mode: str = "fp32",
+                   zero_centered_gamma: bool = False):
+    """LayerNorm / RMSNorm of a 2-D x writing block-scaled FP8 directly; not differentiable.
+
+    Returns (data, scale_inv, data_t, scale_inv_t, mean, rstd): the first four bit for bit
+    ``block_quantize_transpose(norm(x), row_block, col_block, fmt, scale_mode)`` with norm(x) the
+    layer_norm / rms_norm output in x's dtype (never materialized: the kernel normalizes strips of
+    col_block rows into a buffer and quantizes them both ways); mean (LayerNorm; [0] for RMSNorm)
+    and rstd for :func:`layer_norm_backward` / :func:`rms_norm_backward`. CPU only.
+    """
+    refuse_cuda("fp8mp.ops.norm_block_fp8", x)
+    return torch.ops.fp8mp.norm_fwd_block_fp8(x, weight, bias, eps, is_layernorm, zero_centered_gamma, row_block,
+                                              col_block, fmt, scale_mode)

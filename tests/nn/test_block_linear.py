@@ -199,3 +199,31 @@ def test_cuda_tensors_are_refused_before_any_work_naming_the_recipe():
             with pytest.raises(NotImplementedError, match=rf"FP8 weight storage for {name} .*kernels are not built"):
                 with fp8mp.fp8_model_init(recipe=recipe):
                     fp8mp.nn.Linear(64, 32, device="cuda")
+
+
+@pytest.mark.parametrize("recipe", [BlockScaling(), MXFP8Scaling(), MXFP8Scaling(fp8_format=Format.HYBRID)],
+                         ids=["block", "mx", "mx-hybrid"])
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_layernorm_linear_fuses_the_block_cast_into_the_norm_bit_for_bit(recipe, normalization, monkeypatch):
+    """The norm kernel writes the block-scaled input itself, and every output and gradient equals the unfused run."""
+    from fp8mp.nn import norm_linear_function
+
+    calls = []
+    fused_norm = norm_linear_function.norm_ops.norm_block_fp8
+    monkeypatch.setattr(norm_linear_function.norm_ops, "norm_block_fp8", lambda *a, **k: calls.append(1) or fused_norm(*a, **k))
+    torch.manual_seed(0)
+    lnl = fp8mp.nn.LayerNormLinear(160, 96, normalization=normalization)
+    with torch.no_grad():
+        lnl.norm.weight.normal_(1.0, 0.3)
+    x, grad = torch.randn(2, 70, 160) * 2 + 0.5, torch.randn(2, 70, 96)
+    results = []
+    for fused in (True, False):
+        module = lnl if fused else copy.deepcopy(lnl)
+        xi = x.clone().requires_grad_(True)
+        with fp8mp.fp8_autocast(fp8_recipe=recipe):
+            out = module(xi) if fused else module.linear(module.norm(xi))
+        out.backward(grad)
+        results.append([out, xi.grad, module.norm.weight.grad, module.linear.weight.grad, module.linear.bias.grad])
+    assert calls == [1]
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
