@@ -109,12 +109,20 @@ def test_one_model_in_and_out_of_fp8_in_two_threads_at_once_equals_serial(compil
     prepare = (lambda m: torch.compile(m, fullgraph=True, backend="aot_eager")) if compiled else (lambda m: m)
     recipe = DelayedScaling(amax_history_len=4)
     serial_model, threaded_model = make_model(), make_model()
+    serial_prepared, threaded_prepared = prepare(serial_model), prepare(threaded_model)
+    # Compile both graphs (in and out of FP8) in this thread first, the same calls for both models so that
+    # their scaling state stays equal: torch 2.11's dynamo cannot trace in two threads at once (its "FX is
+    # tracing" flag is process-wide, so the other thread's compile fails). What this test is about is fp8mp's
+    # state under threads running the model, compiled or not; compiling itself is torch's business.
+    for model in (serial_prepared, threaded_prepared):
+        calls(model, inputs(3, 2), recipe, [])()
+        calls(model, inputs(4, 2), None, [])()
     serial = {"fp8": [], "high": []}
-    calls(prepare(serial_model), inputs(1), recipe, serial["fp8"])()
-    calls(prepare(serial_model), inputs(2), None, serial["high"])()
+    calls(serial_prepared, inputs(1), recipe, serial["fp8"])()
+    calls(serial_prepared, inputs(2), None, serial["high"])()
     threaded = {"fp8": [], "high": []}
-    model = prepare(threaded_model)
-    run_in_threads(calls(model, inputs(1), recipe, threaded["fp8"]), calls(model, inputs(2), None, threaded["high"]))
+    run_in_threads(calls(threaded_prepared, inputs(1), recipe, threaded["fp8"]),
+                   calls(threaded_prepared, inputs(2), None, threaded["high"]))
     assert_same(threaded["fp8"], serial["fp8"])
     assert_same(threaded["high"], serial["high"])
     for a, b in zip(threaded_model.modules(), serial_model.modules()):  # the same scaling history
