@@ -65,4 +65,23 @@ void check_no_overlap(NamedTensor out, std::initializer_list<NamedTensor> inputs
   }
 }
 
+void check_gemm_shapes(const Tensor& a, const Tensor& b, const char* op) {
+  FP8MP_CHECK_VALUE(a.dim() == 2, op, ": argument 'a' must be 2-D [M, K], got shape ", shape_str(a));
+  FP8MP_CHECK_VALUE(b.dim() == 2, op, ": argument 'b' must be 2-D [N, K], got shape ", shape_str(b));
+  FP8MP_CHECK_VALUE(b.size(1) == a.size(1), op, ": argument 'b' must be [N, K] with K = a.size(1) = ", a.size(1),
+                    " (out = a @ b.T), got shape ", shape_str(b));
+}
+
+void check_gemm_bias(const std::optional<Tensor>& bias, const Tensor& a, const Tensor& b, ScalarType out_dtype,
+                     const char* op) {
+  if (!bias.has_value()) return;
+  const Tensor& t = *bias;
+  FP8MP_CHECK(t.scalar_type() == out_dtype, op, ": argument 'bias' must have dtype out_dtype = ", dtype_str(out_dtype),
+              ", got ", dtype_str(t.scalar_type()));
+  FP8MP_CHECK(same_device(t, a), op, ": argument 'bias' must be on the input's device ", device_str(a), ", got ",
+              device_str(t));
+  FP8MP_CHECK_VALUE(t.dim() == 1 && t.size(0) == b.size(0), op, ": argument 'bias' must have shape [N] = [",
+                    b.size(0), "], got shape ", shape_str(t));
+}
+
 }  // namespace fp8mp

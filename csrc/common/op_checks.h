@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -24,6 +25,13 @@ void check_scalar_tensor(const Tensor& t, const Tensor& like, const char* op, co
 
 // fp32, bf16 or fp16 (the high-precision dtypes fp8mp converts from and to).
 void check_high_precision_dtype(ScalarType dtype, const char* op, const char* arg);
+
+// out = a @ b.T, the layout of every fp8mp GEMM: a [M, K] and b [N, K], 2-D, with the same K.
+void check_gemm_shapes(const Tensor& a, const Tensor& b, const char* op);
+
+// The GEMM's optional bias: [N] (N = b.size(0)), of the output's dtype, on a's device.
+void check_gemm_bias(const std::optional<Tensor>& bias, const Tensor& a, const Tensor& b, ScalarType out_dtype,
+                     const char* op);
 
 using NamedTensor = std::pair<const Tensor*, const char*>;
 
