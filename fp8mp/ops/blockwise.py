@@ -60,7 +60,6 @@ def refuse_cuda(what: str, *tensors) -> None:
 
 @torch.library.register_fake("fp8mp::block_quantize")
 def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
-    refuse_cuda("fp8mp.ops.block_quantize", x)
     fmt, scale_mode = checks.check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode)
     rows, cols = x.shape
     scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
@@ -70,7 +69,6 @@ def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
 
 @torch.library.register_fake("fp8mp::block_quantize_transpose")
 def _block_quantize_transpose_fake(x, row_block, col_block, fmt, scale_mode):
-    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
     fmt, scale_mode = checks.check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode)
     rows, cols = x.shape
     data_dtype = FP8_DTYPES[fmt]
@@ -112,7 +110,6 @@ def block_quantize(x: torch.Tensor, block_rows: int, block_cols: int, fmt: str =
     Returns:
         (data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu).
     """
-    refuse_cuda("fp8mp.ops.block_quantize", x)
     return torch.ops.fp8mp.block_quantize(x, block_rows, block_cols, fmt, scale_mode)
 
 
@@ -128,7 +125,6 @@ def block_quantize_transpose(x: torch.Tensor, row_block: int, col_block: int, fm
     The kernel reads x twice (every tile amax of both layouts, then both casts), where the two calls
     would read it four times and copy its transpose.
     """
-    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
     return torch.ops.fp8mp.block_quantize_transpose(x, row_block, col_block, fmt, scale_mode)
 
 
