@@ -38,37 +38,24 @@
 #include <unordered_map>
 
 #include "common/cuda_check.cuh"
+#include "gemm/cublaslt_helpers.h"
 #include "gemm/gemm_plan_cache.h"
 
 namespace fp8mp::cuda {
 namespace {
 
-constexpr const char* kOp = "fp8mp::fp8_gemm";
+constexpr char kOp[] = "fp8mp::fp8_gemm";
 constexpr int64_t kAlign = 16;                             // cuBLASLt FP8: K and N multiples of 16
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;       // what cuBLASLt's Hopper kernels like
 
-#define FP8MP_CUBLASLT_CHECK(EXPR)                                                                              \
-  do {                                                                                                          \
-    const cublasStatus_t fp8mp_status_ = (EXPR);                                                                \
-    if (fp8mp_status_ != CUBLAS_STATUS_SUCCESS) {                                                               \
-      throw std::runtime_error(std::string(kOp) + ": " #EXPR " failed with " +                                  \
-                               cublasLtGetStatusName(fp8mp_status_) + " (" + std::to_string(int(fp8mp_status_)) + \
-                               "): " + cublasLtGetStatusString(fp8mp_status_));                                 \
-    }                                                                                                           \
-  } while (0)
-
 template <typename V>
 void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V& value) {
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+  set_matmul_attribute<kOp>(desc, attr, value);
 }
 
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
-  cublasLtMatrixLayout_t raw = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&raw, type, uint64_t(rows), uint64_t(cols), ld));
-  return Layout(raw);
+  return make_matrix_layout<kOp>(type, rows, cols, ld);
 }
-
-cudaDataType_t fp8_cuda_type(Fp8Format format) { return format == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
 cudaDataType_t cuda_type(HpType type) {
   switch (type) {

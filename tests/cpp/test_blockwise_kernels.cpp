@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "blockwise/block_scale_layout.h"
 #include "blockwise/block_scale_rule.h"
 #include "blockwise/blockwise_cpu_kernels.h"
 #include "common/fp8_format.h"
@@ -244,6 +245,54 @@ TEST_CASE("block_scaled_gemm multiplies each K chunk's sum by that chunk's two s
       float want = 0.0f;
       for (int64_t c = 0; c < chunks; ++c) want += width[c] * (sa[size_t(m * chunks + c)] * sb[size_t(n * chunks + c)]);
       REQUIRE(out[size_t(m * N + n)] == want + bias[size_t(n)]);
+    }
+  }
+}
+
+TEST_CASE("cuBLASLt scale layouts: each a bijection, VEC32 the 128x4 swizzle of torchao's to_blocked", "[blockwise]") {
+  using fp8mp::LtScaleLayout;
+  for (const auto layout : {LtScaleLayout::OuterVec, LtScaleLayout::Vec128, LtScaleLayout::Blk128x128,
+                            LtScaleLayout::Vec32Swizzled}) {
+    for (const auto [rows, k_tiles] : {std::pair<int64_t, int64_t>{1, 1}, {130, 3}, {256, 8}, {208, 10}, {7, 5}}) {
+      const fp8mp::LtScaleShape shape = fp8mp::lt_scale_shape(layout, rows, k_tiles);
+      std::vector<int> hits(size_t(shape.elements), 0);
+      for (int64_t o = 0; o < shape.outer; ++o) {
+        for (int64_t k = 0; k < shape.k_tiles; ++k) {
+          const int64_t at = fp8mp::lt_scale_offset(layout, shape, o, k);
+          REQUIRE((at >= 0 && at < shape.elements));
+          ++hits[size_t(at)];
+        }
+      }
+      for (const int h : hits) REQUIRE(h == 1);
+    }
+  }
+  // Shapes as cuBLASLt documents them for an operand of 208 rows and 10 K chunks.
+  const auto vec128 = fp8mp::lt_scale_shape(LtScaleLayout::Vec128, 206, 10);
+  REQUIRE((vec128.outer == 208 && vec128.k_tiles == 10));  // rows padded to 4, K-chunk major
+  REQUIRE(fp8mp::lt_scale_offset(LtScaleLayout::Vec128, vec128, 5, 2) == 2 * 208 + 5);
+  const auto blk = fp8mp::lt_scale_shape(LtScaleLayout::Blk128x128, 300, 5);
+  REQUIRE((blk.outer == 3 && blk.k_tiles == 8));  // row blocks, K blocks padded to 4
+  REQUIRE(fp8mp::lt_scale_offset(LtScaleLayout::Blk128x128, blk, 2, 3) == 2 * 8 + 3);
+
+  // torchao's to_blocked, step by step: pad [rows, k] to [128 * rb, 4 * cb], view as (rb, 128, cb, 4),
+  // permute to (rb, cb, 128, 4), reshape each 128 x 4 block to (4, 32, 4), swap the first two axes
+  // (-> 32, 4, 4) and flatten.
+  const int64_t rows = 300, k = 6, rb = 3, cb = 2;
+  std::vector<int64_t> blocked;
+  for (int64_t b_row = 0; b_row < rb; ++b_row) {
+    for (int64_t b_col = 0; b_col < cb; ++b_col) {
+      for (int64_t j = 0; j < 32; ++j) {
+        for (int64_t i = 0; i < 4; ++i) {
+          for (int64_t c = 0; c < 4; ++c) blocked.push_back((b_row * 128 + i * 32 + j) * (4 * cb) + b_col * 4 + c);
+        }
+      }
+    }
+  }
+  const auto swz = fp8mp::lt_scale_shape(LtScaleLayout::Vec32Swizzled, rows, k);
+  REQUIRE((swz.outer == 384 && swz.k_tiles == 8 && int64_t(blocked.size()) == swz.elements));
+  for (int64_t o = 0; o < swz.outer; ++o) {
+    for (int64_t kk = 0; kk < swz.k_tiles; ++kk) {
+      REQUIRE(blocked[size_t(fp8mp::lt_scale_offset(LtScaleLayout::Vec32Swizzled, swz, o, kk))] == o * (4 * cb) + kk);
     }
   }
 }

@@ -230,24 +230,32 @@ def test_fp8_group_reduces_nothing_for_block_recipes():
     assert list(distributed._PENDING.pop(group)) == [id(layer)]
 
 
-def test_cuda_tensors_are_refused_before_any_work_naming_the_recipe():
-    """FakeTensorMode's CUDA tensors (no GPU needed): the per-tensor path traces, the block recipes refuse at once."""
+def test_block_recipes_trace_on_cuda_tensors_and_layernorm_linear_goes_unfused(monkeypatch):
+    """FakeTensorMode's CUDA tensors (no GPU needed): every block recipe traces Linear, FP8 weight storage and
+    LayerNormLinear (unfused on CUDA, where norm_fwd_block_fp8 has no kernel) through the CUDA fakes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from fp8mp.nn import norm_linear_function
+
+    with FakeTensorMode():
+        with pytest.raises(NotImplementedError, match=r"fp8mp.ops.norm_block_fp8 on CUDA tensors: fp8mp has no fused "
+                                                      r"CUDA kernel for it"):
+            fp8mp.ops.norm.norm_block_fp8(torch.randn(4, 64, device="cuda"), None, None, 1e-5, True, 32, 32)
+    monkeypatch.setattr(norm_linear_function.norm_ops, "norm_block_fp8",
+                        lambda *a, **k: pytest.fail("the fused norm has no CUDA kernel"))
     with FakeTensorMode():
         layer = fp8mp.nn.Linear(64, 32, device="cuda")
-        x = torch.randn(4, 64, device="cuda")
-        with fp8mp.fp8_autocast(fp8_recipe=fp8mp.recipe.CurrentScaling()):
-            assert layer(x).shape == (4, 32) and layer(x).is_cuda  # the control: CUDA per-tensor kernels exist
-        for recipe in (RowwiseScaling(), BlockScaling(), MXFP8Scaling()):
-            name = type(recipe).__name__
-            with pytest.raises(NotImplementedError, match=rf"^fp8mp: {name} \(fine-grained scaling\) on CUDA tensors: "
-                                                          "fp8mp's CUDA block-scaled kernels are not built"):
-                with fp8mp.fp8_autocast(fp8_recipe=recipe):
-                    layer(x)
-            with pytest.raises(NotImplementedError, match=rf"FP8 weight storage for {name} .*kernels are not built"):
-                with fp8mp.fp8_model_init(recipe=recipe):
-                    fp8mp.nn.Linear(64, 32, device="cuda")
+        lnl = fp8mp.nn.LayerNormLinear(64, 32, device="cuda")
+        x = torch.randn(4, 64, device="cuda")  # no backward: the autograd engine wants a real CUDA context
+        for recipe in (RowwiseScaling(), BlockScaling(), MXFP8Scaling(), MXFP8Scaling(fp8_format=Format.HYBRID)):
+            with fp8mp.fp8_autocast(fp8_recipe=recipe):
+                for module in (layer, lnl):
+                    out = module(x)
+                    assert out.shape == (4, 32) and out.is_cuda
+            with fp8mp.fp8_model_init(recipe=recipe):
+                stored = fp8mp.nn.Linear(64, 32, device="cuda")
+            with fp8mp.fp8_autocast(fp8_recipe=recipe), torch.no_grad():
+                assert stored(x).shape == (4, 32)
 
 
 @pytest.mark.parametrize("recipe", [BlockScaling(), MXFP8Scaling(), MXFP8Scaling(fp8_format=Format.HYBRID)],

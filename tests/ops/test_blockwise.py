@@ -271,6 +271,34 @@ def test_fake_kernels_refuse_what_the_cpu_kernels_refuse(name):
     assert error_of(BAD_CALLS[name], "fake") == eager
 
 
+@pytest.mark.parametrize("blocks,e8m0,supported", [((1, 1, 300), False, True), ((1, 128, 128), False, True),
+                                                     ((128, 1, 128), False, True), ((1, 1, 32), True, True),
+                                                     ((128, 128, 128), False, False), ((1, 1, 64), False, False),
+                                                     ((1, 1, 32), False, False), ((1, 128, 32), True, False)],
+                         ids=["rowwise", "deepseek", "deepseek-a-blocks", "mxfp8", "both-128x128", "1x64", "mx-fp32",
+                              "mx-blocks"])
+def test_fake_refuses_on_cuda_the_blocks_no_cublaslt_recipe_takes(blocks, e8m0, supported):
+    """No GPU needed: FakeTensorMode's CUDA tensors reach the fake, which applies the CUDA kernel's rule."""
+    a_rows, b_rows, block_k = blocks
+    dtype = torch.float8_e8m0fnu if e8m0 else torch.float32
+    with FakeTensorMode():
+        a, b = torch.ones(256, 300, device="cuda").to(E4M3), torch.ones(256, 300, device="cuda").to(E4M3)
+        sa = torch.ones(-(-256 // a_rows), -(-300 // block_k), device="cuda").to(dtype)
+        sb = torch.ones(-(-256 // b_rows), -(-300 // block_k), device="cuda").to(dtype)
+        call = lambda: ops.block_scaled_gemm(a, sa, b, sb, a_rows, b_rows, block_k, None, torch.float32)
+        if supported:
+            assert call().shape == (256, 256)
+        else:
+            with pytest.raises(RuntimeError, match=r"^fp8mp::block_scaled_gemm: on CUDA the blocks must be those of a "
+                                                   rf"recipe cuBLASLt runs: .*; got a_block_rows = {a_rows}, "):
+                call()
+        sa_cpu = torch.ones(-(-256 // a_rows), -(-300 // block_k)).to(dtype)  # the CPU takes every block size
+        sb_cpu = torch.ones(-(-256 // b_rows), -(-300 // block_k)).to(dtype)
+        a_cpu, b_cpu = torch.ones(256, 300).to(E4M3), torch.ones(256, 300).to(E4M3)
+        assert ops.block_scaled_gemm(a_cpu, sa_cpu, b_cpu, sb_cpu, a_rows, b_rows, block_k, None, torch.float32).shape \
+            == (256, 256)
+
+
 def test_the_scale_shape_error_says_the_expected_shape():
     # The op itself raises RuntimeError tagged [ValueError] (the stable ABI's contract); the wrapper raises ValueError.
     a, b = torch.ones(4, 64).to(E4M3), torch.ones(3, 64).to(E4M3)
@@ -286,7 +314,7 @@ def test_cuda_kernels_only_where_built_and_no_fallback_that_would_run_on_cuda(op
     name = f"fp8mp::{op}"
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     assert has(name, "CPU") and has(name, "Meta")
-    assert has(name, "CUDA") == (cuda_library_loaded() and op != "block_scaled_gemm")
+    assert has(name, "CUDA") == cuda_library_loaded()
     for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                 "AutogradCUDA"):
         assert not has(name, key), key
