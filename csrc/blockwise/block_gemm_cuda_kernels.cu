@@ -1,8 +1,8 @@
 // CUDA block_scaled_gemm: cuBLASLt's block scale modes (cuBLASLt >= 12.9 headers).
 //
 // out [M, N] = a [M, K] @ b [N, K]^T in cuBLASLt's "TN" layout, as fp8_gemm (gemm_cuda_kernels.cu):
-// cuBLASLt's A is our b (K x N_pad column-major), its B our a (K x M), its D the fp32 out^T
-// (N_pad x M). cuBLASLt multiplies the FP8 values exactly and applies each K chunk's two scales
+// cuBLASLt's A is our b (K x N_pad column-major), its B our a (K x M), its D out^T (N_pad x M) in
+// the output dtype. cuBLASLt multiplies the FP8 values exactly and applies each K chunk's two scales
 // while accumulating in fp32, the arithmetic the CPU emulation defines (blockwise_cpu_kernels.h);
 // the order of the additions inside a chunk is the tensor cores', so results agree with the CPU to
 // fp32 accumulation noise, not bit for bit.
@@ -12,8 +12,12 @@
 //      FP8 minimum) and N to 16: zero codes add exact zeros, padded rows of b give dropped columns;
 //   2. each operand's naive scale_inv is rearranged into the layout cuBLASLt reads (block_scale_layout.h:
 //      M/N-major VEC128, K-minor padded BLK128x128, the 128 x 4 swizzle of VEC32_UE8M0), padding zeroed;
-//   3. cuBLASLt writes fp32 into scratch, and one kernel adds the bias in fp32 and rounds once to the
-//      output dtype (as the CPU does: out_type(acc + bias)), dropping the padded columns.
+//   3. cuBLASLt rounds its fp32 accumulator once to the output dtype (D of the output's type, as
+//      torch's _scaled_mm and Transformer Engine call it, the configurations cuBLASLt supports
+//      widely) into scratch; one kernel drops the padded columns and adds the bias in fp32, rounding
+//      once more. So with a bias and a 16-bit output the result is rounded twice, where the CPU rounds
+//      acc + bias once: a difference of at most one unit in the last place of the accumulator's
+//      16-bit rounding (the tests allow for it). Without a bias, or for fp32 outputs, one rounding.
 // Which recipes a GPU and cuBLASLt run is checked first (compute capability, cublasLtGetVersion); when
 // one cannot, the error names what is needed and what was found. Nothing falls back to another GEMM.
 #include "blockwise/block_gemm_cuda_kernels.cuh"
@@ -109,6 +113,16 @@ int64_t k_multiple(BlockGemmRecipe recipe) {
 
 size_t scale_element_bytes(BlockGemmRecipe recipe) { return recipe == BlockGemmRecipe::Mxfp8 ? 1 : 4; }
 
+size_t element_bytes(HpType type) { return type == HpType::Float32 ? 4 : 2; }
+
+cudaDataType_t cuda_type(HpType type) {
+  switch (type) {
+    case HpType::Float32: return CUDA_R_32F;
+    case HpType::BFloat16: return CUDA_R_16BF;
+    default: return CUDA_R_16F;
+  }
+}
+
 // Where each buffer of one call lives in the scratch (256-byte aligned), and the padded sizes.
 struct ScratchPlan {
   int64_t M, N, K_pad, N_pad, k_tiles;
@@ -139,7 +153,7 @@ ScratchPlan plan_scratch(const BlockGemmArgs& g) {
   p.b_offset = take(p.copy_b, size_t(p.N_pad * p.K_pad));
   p.a_scales_offset = take(true, size_t(p.a_scales.elements) * scale_bytes);
   p.b_scales_offset = take(true, size_t(p.b_scales.elements) * scale_bytes);
-  p.d_offset = take(true, size_t(p.M * p.N_pad) * sizeof(float));
+  p.d_offset = take(true, size_t(p.M * p.N_pad) * element_bytes(g.out_type));
   p.bytes = offset;
   return p;
 }
@@ -165,24 +179,25 @@ __global__ void lt_scale_kernel(const T* __restrict__ src, int64_t src_outer, in
   }
 }
 
-// out [M, N] = out_t(d [M, N_pad] + bias) in fp32, rounded once; d == nullptr reads zeros (K == 0).
+// out [M, N] = out_t(float(d [M, N_pad]) + bias) in fp32; d == nullptr reads zeros (K == 0). Without
+// a bias the value passes unchanged (a 16-bit value converts to float and back exactly).
 template <typename out_t>
-__global__ void finish_kernel(const float* __restrict__ d, int64_t M, int64_t N, int64_t N_pad,
+__global__ void finish_kernel(const out_t* __restrict__ d, int64_t M, int64_t N, int64_t N_pad,
                               const out_t* __restrict__ bias, out_t* __restrict__ out) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += stride) {
     const int64_t m = i / N, n = i - m * N;
-    float v = d != nullptr ? d[m * N_pad + n] : 0.0f;
+    float v = d != nullptr ? static_cast<float>(d[m * N_pad + n]) : 0.0f;
     if (bias != nullptr) v = __fadd_rn(v, static_cast<float>(bias[n]));
     out[i] = static_cast<out_t>(v);
   }
 }
 
-void finish(const float* d, int64_t M, int64_t N, int64_t N_pad, const void* bias, void* out, HpType out_type,
+void finish(const void* d, int64_t M, int64_t N, int64_t N_pad, const void* bias, void* out, HpType out_type,
             cudaStream_t stream) {
   FP8MP_DISPATCH_HP(out_type, [&] {
     finish_kernel<scalar_t><<<blocks_for(M * N), kThreads, 0, stream>>>(
-        d, M, N, N_pad, static_cast<const scalar_t*>(bias), static_cast<scalar_t*>(out));
+        static_cast<const scalar_t*>(d), M, N, N_pad, static_cast<const scalar_t*>(bias), static_cast<scalar_t*>(out));
     FP8MP_CUDA_LAUNCH_CHECK();
   });
 }
@@ -263,7 +278,7 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   void* b_scales = base + p.b_scales_offset;
   rearrange_scales(g.a, g.recipe, p.k_tiles, p.a_scales, a_scales, stream);
   rearrange_scales(g.b, g.recipe, p.k_tiles, p.b_scales, b_scales, stream);
-  float* d = reinterpret_cast<float*>(base + p.d_offset);
+  void* d = base + p.d_offset;
 
   cublasLtMatmulDesc_t raw_desc = nullptr;
   FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -278,7 +293,7 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
   const Layout a_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.b.format), p.K_pad, p.N_pad, p.K_pad);
   const Layout b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), p.K_pad, p.M, p.K_pad);
-  const Layout d_layout = make_matrix_layout<kOp>(CUDA_R_32F, p.N_pad, p.M, p.N_pad);
+  const Layout d_layout = make_matrix_layout<kOp>(cuda_type(g.out_type), p.N_pad, p.M, p.N_pad);
 
   cublasLtMatmulPreference_t raw_pref = nullptr;
   FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
@@ -303,7 +318,7 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
                              std::to_string(device) + " (compute capability " + capability_string(cc) + ") with a " +
                              format_name(g.a.format) + " [" + std::to_string(M) + ", " + std::to_string(p.K_pad) +
                              "], b " + format_name(g.b.format) + " [" + std::to_string(p.N_pad) + ", " +
-                             std::to_string(p.K_pad) + "] (padded) and a float32 product");
+                             std::to_string(p.K_pad) + "] (padded) and a " + (g.out_type == HpType::Float32 ? "float32" : g.out_type == HpType::BFloat16 ? "bfloat16" : "float16") + " output");
   }
   const float alpha = 1.0f, beta = 0.0f;
   FP8MP_CUBLASLT_CHECK(cublasLtMatmul(handle, desc.get(), &alpha, b_p, a_layout.get(), a_p, b_layout.get(), &beta, d,

@@ -53,7 +53,7 @@ BlockGemmPlanChoice block_gemm_recipe(int64_t K, int64_t a_block_rows, int64_t b
                                       bool a_e8m0, bool b_e8m0);
 
 // Bytes of device scratch block_scaled_gemm needs: cuBLASLt workspace, padded operands, rearranged
-// scales and the fp32 product.
+// scales and the product (in the output dtype, N padded).
 size_t block_scaled_gemm_scratch_bytes(const BlockGemmArgs& args);
 
 // out = out_type(a @ b^T with the block scales + bias), M = a.rows, N = b.rows. Throws std::runtime_error
