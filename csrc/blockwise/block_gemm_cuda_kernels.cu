@@ -295,17 +295,8 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   const Layout b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), p.K_pad, p.M, p.K_pad);
   const Layout d_layout = make_matrix_layout<kOp>(cuda_type(g.out_type), p.N_pad, p.M, p.N_pad);
 
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref);
-  const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
-    FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
-  };
-  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pointer_alignment(b_p));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pointer_alignment(a_p));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, pointer_alignment(d));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pointer_alignment(d));
+  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), pointer_alignment(b_p),
+                                               pointer_alignment(a_p), pointer_alignment(d));
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int returned = 0;

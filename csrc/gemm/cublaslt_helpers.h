@@ -36,6 +36,24 @@ Layout make_matrix_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64
   return Layout(raw);
 }
 
+// A heuristic preference allowing `workspace_bytes` and told the real alignment (bytes) of cuBLASLt's
+// A, B and C = D, which it otherwise assumes to be 256 (and may pick a kernel that faults on less).
+template <const char* kOp>
+Preference make_preference(uint64_t workspace_bytes, uint32_t align_a, uint32_t align_b, uint32_t align_cd) {
+  cublasLtMatmulPreference_t raw = nullptr;
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  Preference pref(raw);
+  const auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
+    FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
+  };
+  set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_cd);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_cd);
+  return pref;
+}
+
 inline cudaDataType_t fp8_cuda_type(Fp8Format format) {
   return format == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }

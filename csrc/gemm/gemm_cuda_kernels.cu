@@ -193,17 +193,8 @@ GemmPlan build_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallP
   plan_.b_layout = make_layout(cudaDataType_t(key.a_type), key.K_pad, key.M, key.K_pad);
   plan_.d_layout = make_layout(cudaDataType_t(key.out_type), key.N_pad, key.M, key.N_pad);
 
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref);
-  const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
-    FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
-  };
-  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);  // cuBLASLt's A is our b
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out);
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out);
+  // cuBLASLt's A is our b.
+  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_out);
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int returned = 0;
