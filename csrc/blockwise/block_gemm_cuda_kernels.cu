@@ -9,7 +9,8 @@
 //
 // Per call:
 //   1. K is zero-padded to the scale block (128 for DeepSeek-V3, 32 for MXFP8, 16 for rowwise, the
-//      FP8 minimum) and N to 16: zero codes add exact zeros, padded rows of b give dropped columns;
+//      FP8 minimum), N to 16 and an operand in 128 x 128 blocks to whole blocks: zero codes add exact
+//      zeros, padded rows give dropped outputs;
 //   2. each operand's naive scale_inv is rearranged into the layout cuBLASLt reads (block_scale_layout.h:
 //      M/N-major VEC128, K-minor padded BLK128x128, the 128 x 4 swizzle of VEC32_UE8M0), padding zeroed;
 //   3. cuBLASLt rounds its fp32 accumulator once to the output dtype (D of the output's type, as
@@ -125,7 +126,7 @@ cudaDataType_t cuda_type(HpType type) {
 
 // Where each buffer of one call lives in the scratch (256-byte aligned), and the padded sizes.
 struct ScratchPlan {
-  int64_t M, N, K_pad, N_pad, k_tiles;
+  int64_t M, N, M_pad, K_pad, N_pad, k_tiles;
   bool copy_a, copy_b;
   LtScaleShape a_scales, b_scales;
   size_t a_offset, b_offset, a_scales_offset, b_scales_offset, d_offset, bytes;
@@ -136,11 +137,17 @@ ScratchPlan plan_scratch(const BlockGemmArgs& g) {
   p.M = g.a.rows;
   p.N = g.b.rows;
   p.K_pad = round_up(g.K, k_multiple(g.recipe));
-  p.N_pad = round_up(p.N, kNAlign);
+  // An operand in 128 x 128 blocks is padded to whole blocks (zero rows: dropped outputs), so that
+  // cuBLASLt never sees a partial scale block; the others only as far as cuBLASLt's ld rules need.
+  const auto row_multiple = [](LtScaleLayout layout, int64_t minimum) {
+    return layout == LtScaleLayout::Blk128x128 ? 128 : minimum;
+  };
+  p.M_pad = round_up(p.M, row_multiple(g.a.layout, 1));
+  p.N_pad = round_up(p.N, row_multiple(g.b.layout, kNAlign));
   p.k_tiles = ceil_div(g.K, g.block_k);
-  p.copy_a = p.K_pad != g.K || !aligned16(g.a.data);
+  p.copy_a = p.K_pad != g.K || p.M_pad != p.M || !aligned16(g.a.data);
   p.copy_b = p.K_pad != g.K || p.N_pad != p.N || !aligned16(g.b.data);
-  p.a_scales = lt_scale_shape(g.a.layout, p.M, p.k_tiles);  // cuBLASLt's B: M rows
+  p.a_scales = lt_scale_shape(g.a.layout, p.M_pad, p.k_tiles);  // cuBLASLt's B: M_pad rows
   p.b_scales = lt_scale_shape(g.b.layout, p.N_pad, p.k_tiles);  // cuBLASLt's A: N_pad rows
   size_t offset = kWorkspaceBytes;
   const auto take = [&](bool needed, size_t bytes) {
@@ -149,11 +156,11 @@ ScratchPlan plan_scratch(const BlockGemmArgs& g) {
     return at;
   };
   const size_t scale_bytes = scale_element_bytes(g.recipe);
-  p.a_offset = take(p.copy_a, size_t(p.M * p.K_pad));
+  p.a_offset = take(p.copy_a, size_t(p.M_pad * p.K_pad));
   p.b_offset = take(p.copy_b, size_t(p.N_pad * p.K_pad));
   p.a_scales_offset = take(true, size_t(p.a_scales.elements) * scale_bytes);
   p.b_scales_offset = take(true, size_t(p.b_scales.elements) * scale_bytes);
-  p.d_offset = take(true, size_t(p.M * p.N_pad) * element_bytes(g.out_type));
+  p.d_offset = take(true, size_t(p.M_pad * p.N_pad) * element_bytes(g.out_type));
   p.bytes = offset;
   return p;
 }
@@ -225,6 +232,10 @@ const uint8_t* padded_codes(const BlockGemmOperand& op, bool copy, int64_t K, in
 
 std::string format_name(Fp8Format f) { return f == Fp8Format::E4M3 ? "float8_e4m3fn" : "float8_e5m2"; }
 
+const char* out_type_name(HpType t) {
+  return t == HpType::Float32 ? "float32" : (t == HpType::BFloat16 ? "bfloat16" : "float16");
+}
+
 }  // namespace
 
 BlockGemmPlanChoice block_gemm_recipe(int64_t K, int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
@@ -272,7 +283,7 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   check_device_and_cublaslt(g.recipe, device, cc);
   const ScratchPlan p = plan_scratch(g);
   uint8_t* base = static_cast<uint8_t*>(scratch);
-  const uint8_t* a_p = padded_codes(g.a, p.copy_a, g.K, p.M, p.K_pad, base + p.a_offset, stream);
+  const uint8_t* a_p = padded_codes(g.a, p.copy_a, g.K, p.M_pad, p.K_pad, base + p.a_offset, stream);
   const uint8_t* b_p = padded_codes(g.b, p.copy_b, g.K, p.N_pad, p.K_pad, base + p.b_offset, stream);
   void* a_scales = base + p.a_scales_offset;
   void* b_scales = base + p.b_scales_offset;
@@ -292,8 +303,8 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scales));
   set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
   const Layout a_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.b.format), p.K_pad, p.N_pad, p.K_pad);
-  const Layout b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), p.K_pad, p.M, p.K_pad);
-  const Layout d_layout = make_matrix_layout<kOp>(cuda_type(g.out_type), p.N_pad, p.M, p.N_pad);
+  const Layout b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), p.K_pad, p.M_pad, p.K_pad);
+  const Layout d_layout = make_matrix_layout<kOp>(cuda_type(g.out_type), p.N_pad, p.M_pad, p.N_pad);
 
   const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), pointer_alignment(b_p),
                                                pointer_alignment(a_p), pointer_alignment(d));
@@ -307,9 +318,9 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
     throw std::runtime_error(std::string(kOp) + ": cuBLASLt " + cublaslt_version_string(cublasLtGetVersion()) +
                              " found no algorithm for " + requirement(g.recipe).what + " on cuda:" +
                              std::to_string(device) + " (compute capability " + capability_string(cc) + ") with a " +
-                             format_name(g.a.format) + " [" + std::to_string(M) + ", " + std::to_string(p.K_pad) +
+                             format_name(g.a.format) + " [" + std::to_string(p.M_pad) + ", " + std::to_string(p.K_pad) +
                              "], b " + format_name(g.b.format) + " [" + std::to_string(p.N_pad) + ", " +
-                             std::to_string(p.K_pad) + "] (padded) and a " + (g.out_type == HpType::Float32 ? "float32" : g.out_type == HpType::BFloat16 ? "bfloat16" : "float16") + " output");
+                             std::to_string(p.K_pad) + "] (padded) and a " + out_type_name(g.out_type) + " output");
   }
   const float alpha = 1.0f, beta = 0.0f;
   FP8MP_CUBLASLT_CHECK(cublasLtMatmul(handle, desc.get(), &alpha, b_p, a_layout.get(), a_p, b_layout.get(), &beta, d,
