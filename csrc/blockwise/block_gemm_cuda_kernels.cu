@@ -9,8 +9,8 @@
 //
 // Per call:
 //   1. K is zero-padded to the scale block (128 for DeepSeek-V3, 32 for MXFP8, 16 for rowwise, the
-//      FP8 minimum), N to 16 and an operand in 128 x 128 blocks to whole blocks: zero codes add exact
-//      zeros, padded rows give dropped outputs;
+//      FP8 minimum), N to 16, an operand in 128 x 128 blocks to whole blocks and one in 1 x 128 blocks
+//      to a multiple of 4 rows: zero codes add exact zeros, padded rows give dropped outputs;
 //   2. each operand's naive scale_inv is rearranged into the layout cuBLASLt reads (block_scale_layout.h:
 //      M/N-major VEC128, K-minor padded BLK128x128, the 128 x 4 swizzle of VEC32_UE8M0), padding zeroed;
 //   3. cuBLASLt rounds its fp32 accumulator once to the output dtype (D of the output's type, as
@@ -138,9 +138,11 @@ ScratchPlan plan_scratch(const BlockGemmArgs& g) {
   p.N = g.b.rows;
   p.K_pad = round_up(g.K, k_multiple(g.recipe));
   // An operand in 128 x 128 blocks is padded to whole blocks (zero rows: dropped outputs), so that
-  // cuBLASLt never sees a partial scale block; the others only as far as cuBLASLt's ld rules need.
-  const auto row_multiple = [](LtScaleLayout layout, int64_t minimum) {
-    return layout == LtScaleLayout::Blk128x128 ? 128 : minimum;
+  // cuBLASLt never sees a partial scale block, one in 1 x 128 blocks to a multiple of 4 rows (the
+  // VEC128 scale vectors are padded to 4), the others only as far as cuBLASLt's ld rules need.
+  const auto row_multiple = [](LtScaleLayout layout, int64_t minimum) -> int64_t {
+    if (layout == LtScaleLayout::Blk128x128) return 128;
+    return layout == LtScaleLayout::Vec128 ? std::max<int64_t>(minimum, 4) : minimum;
   };
   p.M_pad = round_up(p.M, row_multiple(g.a.layout, 1));
   p.N_pad = round_up(p.N, row_multiple(g.b.layout, kNAlign));
