@@ -8,8 +8,8 @@
 // fp32 accumulation noise, not bit for bit.
 //
 // Per call:
-//   1. K is zero-padded to the scale block (128 for DeepSeek-V3, 32 for MXFP8, 16 for rowwise, the
-//      FP8 minimum), N to 16, an operand in 128 x 128 blocks to whole blocks and one in 1 x 128 blocks
+//   1. K is zero-padded to whole scale tiles (128 for DeepSeek-V3 and for MXFP8's 4 x 32, 16 for
+//      rowwise, the FP8 minimum), N to 16, an operand in 128 x 128 blocks to whole blocks and one in 1 x 128 blocks
 //      to a multiple of 4 rows: zero codes add exact zeros, padded rows give dropped outputs;
 //   2. each operand's naive scale_inv is rearranged into the layout cuBLASLt reads (block_scale_layout.h:
 //      M/N-major VEC128, K-minor padded BLK128x128, the 128 x 4 swizzle of VEC32_UE8M0), padding zeroed;
@@ -104,10 +104,12 @@ int32_t lt_scale_mode(LtScaleLayout layout) {
 #endif
 }
 
+// What K is zero-padded to: whole scale blocks (DeepSeek-V3), whole 4-chunk columns of the swizzled
+// MXFP8 scale tiles (so that cuBLASLt reads no partial tile), the FP8 minimum of 16 (rowwise).
 int64_t k_multiple(BlockGemmRecipe recipe) {
   switch (recipe) {
     case BlockGemmRecipe::DeepSeek: return 128;
-    case BlockGemmRecipe::Mxfp8: return 32;
+    case BlockGemmRecipe::Mxfp8: return 4 * 32;
     default: return 16;
   }
 }
