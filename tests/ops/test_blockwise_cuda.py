@@ -153,14 +153,14 @@ GEMM_RECIPES = {
 NEEDED_CAPABILITY = {"rowwise": (9, 0), "deepseek": (9, 0), "mxfp8": (10, 0)}
 
 
-def _quantized_operands(name, M, N, K, seed):
+def _quantized_operands(name, M, N, K, seed, a_scale=1.0):
     (a_rows, a_k), (b_rows, b_k), a_block_rows, b_block_rows, mode, (fa, fb) = GEMM_RECIPES[name]
     block_k = a_k or K
     g = torch.Generator().manual_seed(seed)
     # Per-row and per-chunk magnitudes over many binades, so that a scale applied to the wrong row or
     # chunk changes the result by far more than the tolerance.
     a = torch.randn(M, K, generator=g) * torch.exp2(torch.randint(-6, 7, (M, 1), generator=g).float()) \
-        * torch.exp2(torch.randint(-6, 7, (1, K), generator=g).float())
+        * torch.exp2(torch.randint(-6, 7, (1, K), generator=g).float()) * a_scale
     b = torch.randn(N, K, generator=g) * torch.exp2(torch.randint(-6, 7, (N, 1), generator=g).float())
     qa, sa = block_quantize(a, a_rows, block_k, fa, mode)
     qb, sb = block_quantize(b, b_rows, block_k, fb, mode)
@@ -201,7 +201,9 @@ def test_cuda_block_scaled_gemm_matches_the_cpu_emulation(name, with_bias, out_d
     (one more eps * |product|). A scale applied to the wrong row, block or chunk is off by a power of two
     or more."""
     M, N, K = 70, 200, 300  # none a multiple of 16, 32 or 128: every padding path
-    operands = _quantized_operands(name, M, N, K, seed=len(name))
+    # float16 outputs: a scaled down so that no output comes near float16's 65504 (an overflow on one
+    # device and 65504 on the other would be an infinite difference).
+    operands = _quantized_operands(name, M, N, K, seed=len(name), a_scale=2.0 ** -12 if out_dtype == torch.float16 else 1.0)
     qa, sa, qb, sb, a_block_rows, b_block_rows, block_k = operands
     bias = torch.randn(N).to(out_dtype) if with_bias else None
     cpu = fp8mp.ops.block_scaled_gemm(qa, sa, qb, sb, a_block_rows, b_block_rows, block_k, bias, out_dtype)
@@ -221,6 +223,11 @@ def test_cuda_block_scaled_gemm_matches_the_cpu_emulation(name, with_bias, out_d
         ulp = ulp + eps * (cpu.double() - bias.double()).abs()
     err = (gpu.double() - cpu.double()).abs()
     assert (err <= bound + ulp + torch.finfo(out_dtype).tiny).all(), (err - bound - ulp).max()
+    # The bound is a worst case (here about 14% of a typical output); the typical error is far smaller:
+    # 14-bit partial sums over K = 300 leave about 60 dB, a bf16 output's rounding about 55 dB. 45 dB
+    # catches what the bound would let through, such as one K chunk's scale off by a small factor.
+    sqnr = 20 * torch.log10(cpu.double().norm() / (gpu.double() - cpu.double()).norm().clamp_min(1e-300))
+    assert sqnr > 45, sqnr
 
 
 @needs_cuda
