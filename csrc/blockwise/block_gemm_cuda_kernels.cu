@@ -315,12 +315,15 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int returned = 0;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(), b_layout.get(),
-                                                      d_layout.get(), d_layout.get(), pref.get(), 1, &heuristic,
-                                                      &returned));
-  if (returned == 0) {
+  // A configuration cuBLASLt cannot run comes back as NOT_SUPPORTED or as zero results: either way the
+  // error says what was asked for, on which GPU and cuBLASLt.
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(), b_layout.get(),
+                                                               d_layout.get(), d_layout.get(), pref.get(), 1,
+                                                               &heuristic, &returned);
+  if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
     throw std::runtime_error(std::string(kOp) + ": cuBLASLt " + cublaslt_version_string(cublasLtGetVersion()) +
-                             " found no algorithm for " + requirement(g.recipe).what + " on cuda:" +
+                             " found no algorithm (" + cublasLtGetStatusName(status) + ", " +
+                             std::to_string(returned) + " results) for " + requirement(g.recipe).what + " on cuda:" +
                              std::to_string(device) + " (compute capability " + capability_string(cc) + ") with a " +
                              format_name(g.a.format) + " [" + std::to_string(p.M_pad) + ", " + std::to_string(p.K_pad) +
                              "], b " + format_name(g.b.format) + " [" + std::to_string(p.N_pad) + ", " +
