@@ -21,11 +21,15 @@
 //      16-bit rounding (the tests allow for it). Without a bias, or for fp32 outputs, one rounding.
 // Which recipes a GPU and cuBLASLt run is checked first (compute capability, cublasLtGetVersion); when
 // one cannot, the error names what is needed and what was found. Nothing falls back to another GEMM.
+// The descriptor, layouts and chosen algorithm are cached per configuration and thread (BlockPlanKey),
+// so a repeated GEMM costs no heuristic query.
 #include "blockwise/block_gemm_cuda_kernels.cuh"
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "common/cuda_check.cuh"
 #include "gemm/cublaslt_helpers.h"
@@ -240,6 +244,95 @@ const char* out_type_name(HpType t) {
   return t == HpType::Float32 ? "float32" : (t == HpType::BFloat16 ? "bfloat16" : "float16");
 }
 
+// What a cached cuBLASLt plan depends on: everything the descriptor, layouts and heuristic see but the
+// scale pointers, which are set on the cached descriptor before each call (as fp8_gemm's plans are:
+// gemm_plan_cache.h, whose per-thread reasoning applies here too).
+struct BlockPlanKey {
+  int device;
+  int recipe, a_layout, b_layout, a_format, b_format, out_type;
+  int64_t M_pad, N_pad, K_pad;
+  uint32_t align_a, align_b, align_d;
+
+  bool operator==(const BlockPlanKey& o) const {
+    return device == o.device && recipe == o.recipe && a_layout == o.a_layout && b_layout == o.b_layout &&
+           a_format == o.a_format && b_format == o.b_format && out_type == o.out_type && M_pad == o.M_pad &&
+           N_pad == o.N_pad && K_pad == o.K_pad && align_a == o.align_a && align_b == o.align_b &&
+           align_d == o.align_d;
+  }
+};
+
+struct BlockPlanKeyHash {
+  size_t operator()(const BlockPlanKey& k) const {
+    size_t h = std::hash<int64_t>()(k.M_pad);
+    const auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2); };
+    mix(uint64_t(k.N_pad));
+    mix(uint64_t(k.K_pad));
+    mix((uint64_t(uint32_t(k.device)) << 32) | (uint64_t(k.recipe) << 24) | (uint64_t(k.a_layout) << 20) |
+        (uint64_t(k.b_layout) << 16) | (uint64_t(k.a_format) << 12) | (uint64_t(k.b_format) << 8) |
+        uint64_t(k.out_type));
+    mix((uint64_t(k.align_a) << 40) | (uint64_t(k.align_b) << 20) | uint64_t(k.align_d));
+    return h;
+  }
+};
+
+void set_scale_pointers(cublasLtMatmulDesc_t desc, const void* a_scales, const void* b_scales) {
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scales);  // cuBLASLt's A is our b
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scales);
+}
+
+constexpr size_t kMaxCachedPlans = 1024;  // distinct GEMM configurations per thread before the cache starts over
+// Descriptor, layouts and heuristic for `key`, built on first use by this thread (with the first call's
+// scale pointers set, as the heuristic query sees them).
+GemmPlan build_plan(cublasLtHandle_t handle, const BlockPlanKey& key, const BlockGemmArgs& g, const ScratchPlan& p,
+                    const void* a_scales, const void* b_scales, int cc) {
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  GemmPlan plan{};
+  plan.desc = MatmulDesc(raw_desc);
+  cublasLtMatmulDesc_t desc = plan.desc.get();
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t(CUBLAS_OP_T));
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t(CUBLAS_OP_N));
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(0));  // promoted accumulation
+  // cuBLASLt's A is our b, its B our a.
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(g.b.layout));
+  set_matmul_attribute<kOp>(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(g.a.layout));
+  set_scale_pointers(desc, a_scales, b_scales);
+  plan.a_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.b.format), p.K_pad, p.N_pad, p.K_pad);
+  plan.b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), p.K_pad, p.M_pad, p.K_pad);
+  plan.d_layout = make_matrix_layout<kOp>(cuda_type(g.out_type), p.N_pad, p.M_pad, p.N_pad);
+
+  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_d);
+
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int returned = 0;
+  // A configuration cuBLASLt cannot run comes back as NOT_SUPPORTED or as zero results: either way the
+  // error says what was asked for, on which GPU and cuBLASLt.
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, plan.a_layout.get(), plan.b_layout.get(),
+                                                               plan.d_layout.get(), plan.d_layout.get(), pref.get(), 1,
+                                                               &heuristic, &returned);
+  if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
+    throw std::runtime_error(std::string(kOp) + ": cuBLASLt " + cublaslt_version_string(cublasLtGetVersion()) +
+                             " found no algorithm (" + cublasLtGetStatusName(status) + ", " +
+                             std::to_string(returned) + " results) for " + requirement(g.recipe).what + " on cuda:" +
+                             std::to_string(key.device) + " (compute capability " + capability_string(cc) + ") with a " +
+                             format_name(g.a.format) + " [" + std::to_string(p.M_pad) + ", " + std::to_string(p.K_pad) +
+                             "], b " + format_name(g.b.format) + " [" + std::to_string(p.N_pad) + ", " +
+                             std::to_string(p.K_pad) + "] (padded) and a " + out_type_name(g.out_type) + " output");
+  }
+  plan.algo = heuristic.algo;
+  return plan;
+}
+
+GemmPlan& cached_plan(cublasLtHandle_t handle, const BlockPlanKey& key, const BlockGemmArgs& g, const ScratchPlan& p,
+                      const void* a_scales, const void* b_scales, int cc) {
+  thread_local std::unordered_map<BlockPlanKey, GemmPlan, BlockPlanKeyHash> cache;
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  GemmPlan built = build_plan(handle, key, g, p, a_scales, b_scales, cc);  // may throw: nothing is cached then
+  if (cache.size() >= kMaxCachedPlans) cache.clear();
+  return cache.emplace(key, std::move(built)).first->second;
+}
+
 }  // namespace
 
 BlockGemmPlanChoice block_gemm_recipe(int64_t K, int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
@@ -295,44 +388,16 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   rearrange_scales(g.b, g.recipe, p.k_tiles, p.b_scales, b_scales, stream);
   void* d = base + p.d_offset;
 
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const MatmulDesc desc(raw_desc);
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t(CUBLAS_OP_T));
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t(CUBLAS_OP_N));
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(0));  // promoted accumulation
-  // cuBLASLt's A is our b, its B our a.
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(g.b.layout));
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(g.a.layout));
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scales));
-  set_matmul_attribute<kOp>(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
-  const Layout a_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.b.format), p.K_pad, p.N_pad, p.K_pad);
-  const Layout b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), p.K_pad, p.M_pad, p.K_pad);
-  const Layout d_layout = make_matrix_layout<kOp>(cuda_type(g.out_type), p.N_pad, p.M_pad, p.N_pad);
-
-  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), pointer_alignment(b_p),
-                                               pointer_alignment(a_p), pointer_alignment(d));
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int returned = 0;
-  // A configuration cuBLASLt cannot run comes back as NOT_SUPPORTED or as zero results: either way the
-  // error says what was asked for, on which GPU and cuBLASLt.
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(), b_layout.get(),
-                                                               d_layout.get(), d_layout.get(), pref.get(), 1,
-                                                               &heuristic, &returned);
-  if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
-    throw std::runtime_error(std::string(kOp) + ": cuBLASLt " + cublaslt_version_string(cublasLtGetVersion()) +
-                             " found no algorithm (" + cublasLtGetStatusName(status) + ", " +
-                             std::to_string(returned) + " results) for " + requirement(g.recipe).what + " on cuda:" +
-                             std::to_string(device) + " (compute capability " + capability_string(cc) + ") with a " +
-                             format_name(g.a.format) + " [" + std::to_string(p.M_pad) + ", " + std::to_string(p.K_pad) +
-                             "], b " + format_name(g.b.format) + " [" + std::to_string(p.N_pad) + ", " +
-                             std::to_string(p.K_pad) + "] (padded) and a " + out_type_name(g.out_type) + " output");
-  }
+  const BlockPlanKey key{device,          int(g.recipe),   int(g.a.layout),        int(g.b.layout),
+                         int(g.a.format),  int(g.b.format), int(g.out_type),        p.M_pad,
+                         p.N_pad,          p.K_pad,         pointer_alignment(a_p), pointer_alignment(b_p),
+                         pointer_alignment(d)};
+  GemmPlan& plan = cached_plan(handle, key, g, p, a_scales, b_scales, cc);
+  set_scale_pointers(plan.desc.get(), a_scales, b_scales);  // this call's, on this thread's cached descriptor
   const float alpha = 1.0f, beta = 0.0f;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmul(handle, desc.get(), &alpha, b_p, a_layout.get(), a_p, b_layout.get(), &beta, d,
-                                      d_layout.get(), d, d_layout.get(), &heuristic.algo, base, kWorkspaceBytes,
-                                      stream));
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmul(handle, plan.desc.get(), &alpha, b_p, plan.a_layout.get(), a_p,
+                                      plan.b_layout.get(), &beta, d, plan.d_layout.get(), d, plan.d_layout.get(),
+                                      &plan.algo, base, kWorkspaceBytes, stream));
   finish(d, M, N, p.N_pad, g.bias, g.out, g.out_type, stream);
 }
 
