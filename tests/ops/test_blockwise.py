@@ -318,3 +318,74 @@ def test_cuda_kernels_only_where_built_and_no_fallback_that_would_run_on_cuda(op
     for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                 "AutogradCUDA"):
         assert not has(name, key), key
+
+
+def test_wrappers_and_fake_kernels_trace_cuda_tensors_with_the_cpu_shapes():
+    """FakeTensorMode's CUDA tensors (what torch.compile traces, no GPU needed): no refusal, the CPU's shapes."""
+    with FakeTensorMode():
+        x = torch.randn(8, 64, device="cuda")
+        data, scale_inv = block_quantize(x, 1, 32)
+        assert data.is_cuda and data.shape == (8, 64) and scale_inv.shape == (8, 2)
+        shapes = [t.shape for t in block_quantize_transpose(x, 32, 8, "e4m3", "e8m0_rceil")]
+        assert shapes == [(8, 64), (8, 2), (64, 8), (64, 1)]
+        a = torch.ones(4, 64, device="cuda").to(E4M3)
+        out = block_scaled_gemm(a, torch.ones(4, 1, device="cuda"), a, torch.ones(4, 1, device="cuda"), 1, 1, 64)
+        assert out.is_cuda and out.shape == (4, 4)
+        with pytest.raises(NotImplementedError, match=r"^fp8mp.ops.norm_block_fp8 on CUDA tensors: fp8mp has no fused "
+                                                      "CUDA kernel"):
+            torch.ops.fp8mp.norm_fwd_block_fp8(x, None, None, 1e-5, True, False, 32, 32, "e4m3", "fp32")
+
+
+# ---------------------------------------------------------------- the norm writing block-scaled FP8
+@pytest.mark.parametrize("is_layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("blocks,mode", [((128, 128), "fp32"), ((32, 32), "e8m0_rceil"), ((32, 32), "e8m0_floor"),
+                                         ((128, 128), "pow2"), ((7, 5), "fp32")], ids=["block", "mx", "mx-floor",
+                                                                                      "block-pow2", "odd"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(300, 160), (1, 48), (64, 33)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_norm_block_fp8_is_block_quantize_transpose_of_the_norm_output(is_layernorm, blocks, mode, x_dtype, shape):
+    from fp8mp.ops import norm as norm_ops
+
+    g = torch.Generator().manual_seed(shape[1])
+    x = (torch.randn(shape, generator=g) * 3 + 1).to(x_dtype)
+    weight = torch.randn(shape[1], generator=g).to(x_dtype)
+    bias = torch.randn(shape[1], generator=g).to(x_dtype) if is_layernorm else None
+    if is_layernorm:
+        y = norm_ops.layer_norm(x, weight, bias, 1e-5)
+        _, mean_ref, rstd_ref = torch.ops.fp8mp.layernorm_fwd(x, weight, bias, 1e-5, False)
+    else:
+        y = norm_ops.rms_norm(x, weight, 1e-5)
+        _, rstd_ref = torch.ops.fp8mp.rmsnorm_fwd(x, weight, 1e-5, False)
+    *fused, mean, rstd = norm_ops.norm_block_fp8(x, weight, bias, 1e-5, is_layernorm, *blocks, "e4m3", mode)
+    for got, want in zip(fused, block_quantize_transpose(y, *blocks, "e4m3", mode)):
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(rstd, rstd_ref) and (torch.equal(mean, mean_ref) if is_layernorm else mean.shape == (0,))
+
+
+def test_opcheck_and_bad_arguments_of_norm_block_fp8():
+    from fp8mp.ops import norm as norm_ops
+
+    x, w, b = torch.randn(70, 64), torch.randn(64), torch.randn(64)
+    opcheck_fp8_aware(torch.ops.fp8mp.norm_fwd_block_fp8.default, (x, w, b, 1e-5, True, False, 32, 32, "e4m3", "e8m0_rceil"))
+    opcheck_fp8_aware(torch.ops.fp8mp.norm_fwd_block_fp8.default, (x.bfloat16(), None, None, 1e-5, False, True, 128, 128,
+                                                                   "e4m3", "fp32"))
+    with pytest.raises(ValueError, match="norm_fwd_block_fp8: argument 'bias' must be None for RMSNorm"):
+        norm_ops.norm_block_fp8(x, w, b, 1e-5, False, 32, 32)
+    with pytest.raises(ValueError, match="norm_fwd_block_fp8: argument 'x' must be 2-D"):
+        norm_ops.norm_block_fp8(x.reshape(2, 35, 64), w, b, 1e-5, True, 32, 32)
+    with pytest.raises(ValueError, match="norm_fwd_block_fp8: argument 'col_block' must be >= 1"):
+        norm_ops.norm_block_fp8(x, w, b, 1e-5, True, 32, 0)
+    def bad_call(eps=1e-5, is_layernorm=True, mode="fp32", one_d=False):
+        def call(device):
+            x, w, b = torch.randn(70, 64, device=device), torch.randn(64, device=device), torch.randn(64, device=device)
+            return torch.ops.fp8mp.norm_fwd_block_fp8(x[0] if one_d else x, w, b, eps, is_layernorm, False, 32, 32,
+                                                      "e4m3", mode)
+        return call
+
+    for call in (bad_call(is_layernorm=False), bad_call(mode="e8m0"), bad_call(eps=0.0), bad_call(one_d=True)):
+        eager = error_of(call, "cpu")  # the fake kernel refuses what the CPU kernel refuses, with the same error
+        assert error_of(call, "fake") == eager and "fp8mp::norm_fwd_block_fp8: argument" in eager[1]
+    with FakeTensorMode():
+        with pytest.raises(NotImplementedError, match="norm_block_fp8 on CUDA tensors"):
+            torch.ops.fp8mp.norm_fwd_block_fp8(torch.randn(4, 64, device="cuda"), None, None, 1e-5, True, False, 32, 32,
+                                               "e4m3", "fp32")
