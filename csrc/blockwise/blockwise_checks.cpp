@@ -67,6 +67,13 @@ BlockQuantizeArgs check_block_quantize_transpose_args(const Tensor& x, int64_t r
   return args;
 }
 
+std::tuple<Tensor, Tensor> empty_block_quantized(const Tensor& x, int64_t rows, int64_t cols, int64_t block_rows,
+                                                 int64_t block_cols, const BlockQuantizeArgs& args) {
+  const ScalarType scale_dtype = cpu::is_e8m0(args.mode) ? kFloat8_e8m0fnu : kFloat;
+  return {empty_on({rows, cols}, fp8_dtype(args.format), x),
+          empty_on({ceil_div(rows, block_rows), ceil_div(cols, block_cols)}, scale_dtype, x)};
+}
+
 BlockGemmFormats check_block_scaled_gemm_args(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                                               const Tensor& b_scale_inv, int64_t a_block_rows, int64_t b_block_rows,
                                               int64_t block_k, const std::optional<Tensor>& bias,

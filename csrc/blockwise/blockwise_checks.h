@@ -1,8 +1,10 @@
-// Argument checks of the block-scaled ops (block_quantize, block_scaled_gemm), shared by every device.
+// Argument checks of the block-scaled ops (block_quantize, block_scaled_gemm) and their output
+// allocation, shared by every device.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "blockwise/blockwise_cpu_kernels.h"
 #include "common/op_checks.h"
@@ -24,6 +26,11 @@ BlockQuantizeArgs check_block_quantize_args(const Tensor& x, int64_t block_rows,
 BlockQuantizeArgs check_block_quantize_transpose_args(const Tensor& x, int64_t row_block, int64_t col_block,
                                                       const std::string& fmt, const std::string& scale_mode,
                                                       const char* op = "fp8mp::block_quantize_transpose");
+
+// Uninitialized (data [rows, cols], scale_inv [ceil(rows / block_rows), ceil(cols / block_cols)]) on
+// x's device: FP8 of args.format, scale_inv float32 or (E8M0 modes) float8_e8m0fnu.
+std::tuple<Tensor, Tensor> empty_block_quantized(const Tensor& x, int64_t rows, int64_t cols, int64_t block_rows,
+                                                 int64_t block_cols, const BlockQuantizeArgs& args);
 
 struct BlockGemmFormats {
   Fp8Format a;

@@ -11,10 +11,6 @@
 namespace fp8mp {
 namespace {
 
-constexpr ScalarType kFloat8_e8m0fnu = ScalarType::Float8_e8m0fnu;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T in fp32, through torch's matmul (IEEE fp32
 // unless the user lowered torch's fp32 matmul precision).
 void torch_bmm_nt_fp32(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k) {
@@ -30,9 +26,7 @@ std::tuple<Tensor, Tensor> block_quantize_cpu(Tensor x, int64_t block_rows, int6
   const BlockQuantizeArgs args = check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode);
   const Tensor xc = as_contiguous(x);
   const int64_t rows = x.size(0), cols = x.size(1);
-  Tensor y = empty_on({rows, cols}, fp8_dtype(args.format), x);
-  const ScalarType scale_dtype = cpu::is_e8m0(args.mode) ? kFloat8_e8m0fnu : kFloat;
-  Tensor scale_inv = empty_on({ceil_div(rows, block_rows), ceil_div(cols, block_cols)}, scale_dtype, x);
+  auto [y, scale_inv] = empty_block_quantized(x, rows, cols, block_rows, block_cols, args);
   cpu::block_quantize(xc.const_data_ptr(), hp_type(x.scalar_type()), rows, cols, block_rows, block_cols, args.format,
                       args.mode, static_cast<uint8_t*>(y.mutable_data_ptr()), scale_inv.mutable_data_ptr(),
                       stable_parallel_for);
@@ -44,12 +38,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_quantize_transpose_cpu(Tensor x
   const BlockQuantizeArgs args = check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode);
   const Tensor xc = as_contiguous(x);
   const int64_t rows = x.size(0), cols = x.size(1);
-  const ScalarType data_dtype = fp8_dtype(args.format);
-  const ScalarType scale_dtype = cpu::is_e8m0(args.mode) ? kFloat8_e8m0fnu : kFloat;
-  Tensor y = empty_on({rows, cols}, data_dtype, x);
-  Tensor scale_inv = empty_on({rows, ceil_div(cols, row_block)}, scale_dtype, x);
-  Tensor y_t = empty_on({cols, rows}, data_dtype, x);
-  Tensor scale_inv_t = empty_on({cols, ceil_div(rows, col_block)}, scale_dtype, x);
+  auto [y, scale_inv] = empty_block_quantized(x, rows, cols, 1, row_block, args);
+  auto [y_t, scale_inv_t] = empty_block_quantized(x, cols, rows, 1, col_block, args);
   cpu::block_quantize_transpose(xc.const_data_ptr(), hp_type(x.scalar_type()), rows, cols, row_block, col_block,
                                 args.format, args.mode, static_cast<uint8_t*>(y.mutable_data_ptr()),
                                 scale_inv.mutable_data_ptr(), static_cast<uint8_t*>(y_t.mutable_data_ptr()),

@@ -27,87 +27,15 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // max that keeps a NaN once seen (as torch.amax does).
 inline float nan_max(float m, float v) { return (v > m || v != v) ? v : m; }
 
-// clamp to [-limit, limit], NaN stays NaN (torch.clamp), as torchao's to_mx clamps before its cast.
-inline float clamp_keep_nan(float v, float limit) { return v > limit ? limit : (v < -limit ? -limit : v); }
-
-// 2^e for e in [-149, 127], exactly (subnormals included).
-float exact_pow2(int e) { return std::ldexp(1.0f, e); }
-
 // E8M0 code -> its value 2^(code - 127); 255 is NaN.
 const std::array<float, 256>& e8m0_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
-    for (int code = 0; code < 255; ++code) t[code] = exact_pow2(code - 127);
+    for (int code = 0; code < 255; ++code) t[code] = block_exact_pow2(code - 127);
     t[255] = kNan;
     return t;
   }();
   return table;
-}
-
-// What a tile's amax gives: the multiplier applied before the cast, and the stored scale_inv.
-struct TileScale {
-  float multiplier;
-  float scale_inv;     // Fp32 / Pow2
-  uint8_t e8m0_code;   // E8m0Floor / E8m0Rceil
-};
-
-TileScale fp32_scale(float amax, float fp8_max, bool pow2) {
-  // torchao's amax_to_scale: fp8_max / clamp(amax, 1e-12) in double, then float.
-  const double clamped = std::max(double(amax), 1e-12);  // NaN stays NaN (std::max returns its first argument)
-  float scale = float(double(fp8_max) / clamped);
-  if (pow2 && scale > 0.0f && std::isfinite(scale)) {
-    // Round down to a power of two exactly (the exponent field); scale is a normal number here.
-    scale = bits_to_float(float_to_bits(scale) & 0x7F800000u);
-  }
-  return {scale, 1.0f / scale, 0};
-}
-
-// OCP MX v1.0 (torchao's ScaleCalculationMode.FLOOR).
-TileScale e8m0_floor_scale(float amax, int emax_elem) {
-  uint8_t code = 255;
-  if (!std::isnan(amax)) {
-    const int exponent = int((float_to_bits(amax) >> 23) & 0xFFu) - 127;  // floor(log2(amax)); -127 for 0/subnormals
-    code = uint8_t(std::clamp(exponent - emax_elem, -127, 128) + 127);
-  }
-  // The divisor: 2^(code - 127) with the code read as an fp32 exponent field (255 -> Inf), at least
-  // the smallest normal float (so a code-0 block divides by 2^-126).
-  const float divisor = std::max(bits_to_float(uint32_t(code) << 23), exact_pow2(-126));
-  return {1.0f / divisor, 0.0f, code};  // 1 / 2^e is exact (0 for Inf), so x * it == x / 2^e
-}
-
-// NVIDIA's RCEIL (torchao's ScaleCalculationMode.RCEIL, its PyTorch fallback = the PTX instruction).
-TileScale e8m0_rceil_scale(float amax, float fp8_max) {
-  const float descale = amax / fp8_max;
-  uint8_t code;
-  float multiplier;
-  if (std::isnan(descale)) {
-    code = 255;
-    multiplier = descale;
-  } else if (std::isinf(descale)) {
-    code = 254;
-    multiplier = exact_pow2(-127);
-  } else {
-    int ceil_log2 = -127;  // log2(0) = -inf, clamped
-    if (descale > 0.0f) {
-      int e = 0;
-      const float mantissa = std::frexp(descale, &e);  // descale = mantissa * 2^e, mantissa in [0.5, 1)
-      ceil_log2 = mantissa == 0.5f ? e - 1 : e;
-    }
-    code = uint8_t(std::clamp(ceil_log2, -127, 127) + 127);
-    multiplier = code == 0 ? 1.0f : exact_pow2(127 - int(code));
-  }
-  return {multiplier, 0.0f, code};
-}
-
-TileScale tile_scale(float amax, BlockScaleMode mode, Fp8Format format) {
-  const float fp8_max = format == Fp8Format::E4M3 ? FormatTraits<Fp8Format::E4M3>::kMax : FormatTraits<Fp8Format::E5M2>::kMax;
-  switch (mode) {
-    case BlockScaleMode::Fp32: return fp32_scale(amax, fp8_max, false);
-    case BlockScaleMode::Pow2: return fp32_scale(amax, fp8_max, true);
-    case BlockScaleMode::E8m0Floor: return e8m0_floor_scale(amax, format == Fp8Format::E4M3 ? 8 : 15);
-    case BlockScaleMode::E8m0Rceil: return e8m0_rceil_scale(amax, fp8_max);
-  }
-  return {kNan, kNan, 255};
 }
 
 template <typename scalar_t, Fp8Format F>
@@ -115,7 +43,6 @@ void block_quantize_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t 
                          BlockScaleMode mode, uint8_t* y, void* scale_inv, ParallelFor parallel_for) {
   const int64_t tile_rows = ceil_div(rows, block_rows), tile_cols = ceil_div(cols, block_cols);
   const bool clamp_first = is_e8m0(mode);
-  const float fp8_max = FormatTraits<F>::kMax;
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, block_rows * cols));
   parallel_for(0, tile_rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> amax(static_cast<size_t>(tile_cols), 0.0f);
@@ -134,7 +61,7 @@ void block_quantize_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t 
         }
       }
       for (int64_t tc = 0; tc < tile_cols; ++tc) {
-        const TileScale s = tile_scale(amax[tc], mode, F);
+        const BlockTileScale s = block_tile_scale<F>(amax[tc], mode);
         multiplier[tc] = s.multiplier;
         if (clamp_first) {
           static_cast<uint8_t*>(scale_inv)[tr * tile_cols + tc] = s.e8m0_code;
@@ -148,8 +75,7 @@ void block_quantize_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t 
         for (int64_t tc = 0; tc < tile_cols; ++tc) {
           const float mul = multiplier[tc];
           for (int64_t c = tc * block_cols, c1 = std::min(cols, c + block_cols); c < c1; ++c) {
-            const float v = static_cast<float>(row[c]) * mul;
-            out[c] = encode<F>(clamp_first ? clamp_keep_nan(v, fp8_max) : v);
+            out[c] = block_encode<F>(static_cast<float>(row[c]), mul, clamp_first);
           }
         }
       }
@@ -157,7 +83,7 @@ void block_quantize_impl(const scalar_t* x, int64_t rows, int64_t cols, int64_t 
   });
 }
 
-void store_scale_inv(void* scale_inv, int64_t index, const TileScale& s, bool e8m0) {
+void store_scale_inv(void* scale_inv, int64_t index, const BlockTileScale& s, bool e8m0) {
   if (e8m0) {
     static_cast<uint8_t*>(scale_inv)[index] = s.e8m0_code;
   } else {
@@ -195,7 +121,7 @@ void row_scales_and_column_partials(const scalar_t* x, int64_t rows, int64_t col
           amax[size_t(tc)] = m;
         }
         for (int64_t tc = 0; tc < row_tiles; ++tc) {
-          const TileScale s = tile_scale(amax[size_t(tc)], mode, F);
+          const BlockTileScale s = block_tile_scale<F>(amax[size_t(tc)], mode);
           row_mul[r * row_tiles + tc] = s.multiplier;
           store_scale_inv(scale_inv, r * row_tiles + tc, s, is_e8m0(mode));
         }
@@ -210,7 +136,6 @@ void block_quantize_transpose_impl(const scalar_t* x, int64_t rows, int64_t cols
                                    void* scale_inv_t, ParallelFor parallel_for) {
   const int64_t row_tiles = ceil_div(cols, row_block), col_tiles = ceil_div(rows, col_block);
   const bool clamp_first = is_e8m0(mode);
-  const float fp8_max = FormatTraits<F>::kMax;
   // Pieces of about kGrainElements (at least 16 rows, so col_partial stays under 1 / 16 of x's elements).
   const int64_t piece_rows = std::min(std::min(col_block, rows), std::max<int64_t>(16, kGrainElements / cols));
   const int64_t pieces_per_tile = ceil_div(std::min(col_block, rows), piece_rows);
@@ -227,7 +152,7 @@ void block_quantize_transpose_impl(const scalar_t* x, int64_t rows, int64_t cols
         for (int64_t p = tr * pieces_per_tile; p < (tr + 1) * pieces_per_tile; ++p) {
           m = nan_max(m, col_partial[size_t(p * cols + c)]);
         }
-        const TileScale s = tile_scale(m, mode, F);
+        const BlockTileScale s = block_tile_scale<F>(m, mode);
         col_mul[size_t(tr * cols + c)] = s.multiplier;
         store_scale_inv(scale_inv_t, c * col_tiles + tr, s, clamp_first);
       }
@@ -235,10 +160,7 @@ void block_quantize_transpose_impl(const scalar_t* x, int64_t rows, int64_t cols
   });
   // Pass 2: both casts from one more read, in kSquare x kSquare squares so the transposed writes stay in cache.
   constexpr int64_t kSquare = 64;
-  const auto cast = [&](float v, float mul) {
-    const float scaled = v * mul;
-    return encode<F>(clamp_first ? clamp_keep_nan(scaled, fp8_max) : scaled);
-  };
+  const auto cast = [&](float v, float mul) { return block_encode<F>(v, mul, clamp_first); };
   parallel_for(0, ceil_div(rows, kSquare), 1, [&](int64_t begin, int64_t end) {
     for (int64_t r0 = begin * kSquare; r0 < std::min(rows, end * kSquare); r0 += kSquare) {
       const int64_t r1 = std::min(rows, r0 + kSquare);
@@ -269,7 +191,6 @@ void block_quantize_transpose_strip_impl(const scalar_t* strip, int64_t r0, int6
                                          uint8_t* y, void* scale_inv, uint8_t* y_t, void* scale_inv_t) {
   const int64_t row_tiles = ceil_div(cols, row_block), col_tiles = ceil_div(rows, col_block), tr = r0 / col_block;
   const bool clamp_first = is_e8m0(mode);
-  const float fp8_max = FormatTraits<F>::kMax;
   std::vector<float> row_mul(static_cast<size_t>(strip_rows * row_tiles)), col_mul(static_cast<size_t>(cols), 0.0f);
   for (int64_t r = 0; r < strip_rows; ++r) {  // col_mul holds the column amaxes first
     const scalar_t* row = strip + r * cols;
@@ -280,20 +201,17 @@ void block_quantize_transpose_strip_impl(const scalar_t* strip, int64_t r0, int6
         m = nan_max(m, a);
         col_mul[size_t(c)] = nan_max(col_mul[size_t(c)], a);
       }
-      const TileScale s = tile_scale(m, mode, F);
+      const BlockTileScale s = block_tile_scale<F>(m, mode);
       row_mul[size_t(r * row_tiles + tc)] = s.multiplier;
       store_scale_inv(scale_inv, (r0 + r) * row_tiles + tc, s, clamp_first);
     }
   }
   for (int64_t c = 0; c < cols; ++c) {
-    const TileScale s = tile_scale(col_mul[size_t(c)], mode, F);
+    const BlockTileScale s = block_tile_scale<F>(col_mul[size_t(c)], mode);
     col_mul[size_t(c)] = s.multiplier;
     store_scale_inv(scale_inv_t, c * col_tiles + tr, s, clamp_first);
   }
-  const auto cast = [&](float v, float mul) {
-    const float scaled = v * mul;
-    return encode<F>(clamp_first ? clamp_keep_nan(scaled, fp8_max) : scaled);
-  };
+  const auto cast = [&](float v, float mul) { return block_encode<F>(v, mul, clamp_first); };
   for (int64_t r = 0; r < strip_rows; ++r) {
     const scalar_t* row = strip + r * cols;
     for (int64_t c = 0; c < cols;) {

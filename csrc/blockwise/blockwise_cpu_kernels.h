@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "blockwise/block_scale_rule.h"
 #include "common/cpu_parallel.h"
 #include "common/fp8_format.h"
 #include "common/half_types.h"
@@ -17,23 +18,9 @@
 
 namespace fp8mp::cpu {
 
-// How a tile's amax becomes its scale (fp8_max: 448 for E4M3, 57344 for E5M2).
-enum class BlockScaleMode : int {
-  // scale = float(fp8_max / max(amax, 1e-12)) (the division in double, as torchao's amax_to_scale);
-  // y = encode(float(x) * scale); scale_inv = 1 / scale (fp32).
-  Fp32 = 0,
-  // Same scale rounded down to a power of two (torchao's round_scales_to_power_of_2), so that
-  // scale_inv = 1 / scale is exact.
-  Pow2 = 1,
-  // OCP MX v1.0: shared exponent = floor(log2(amax)) - emax_elem (emax_elem 8 for E4M3, 15 for E5M2),
-  // an E8M0 code (biased by 127, clamped to [0, 254], 255 = NaN amax); y = encode(clamp(x / 2^e)).
-  E8m0Floor = 2,
-  // NVIDIA's rule (cuBLAS's "d-block quantization", PTX cvt.rp.satfinite.ue8m0x2.f32): the smallest
-  // power of two 2^e >= amax / fp8_max, as an E8M0 code (NaN amax 255, Inf 254); y = encode(clamp(x / 2^e)).
-  E8m0Rceil = 3,
-};
-
-inline bool is_e8m0(BlockScaleMode mode) { return mode == BlockScaleMode::E8m0Floor || mode == BlockScaleMode::E8m0Rceil; }
+// The scale modes and their formulas: block_scale_rule.h (shared with the CUDA kernels).
+using ::fp8mp::BlockScaleMode;
+using ::fp8mp::is_e8m0;
 
 // y [rows, cols] FP8 codes of the row-major x (of x_type) and scale_inv per tile: fp32 values for
 // Fp32/Pow2, E8M0 codes (uint8) for the E8M0 modes. block_rows, block_cols >= 1.

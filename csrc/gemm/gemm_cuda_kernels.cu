@@ -38,37 +38,24 @@
 #include <unordered_map>
 
 #include "common/cuda_check.cuh"
+#include "gemm/cublaslt_helpers.h"
 #include "gemm/gemm_plan_cache.h"
 
 namespace fp8mp::cuda {
 namespace {
 
-constexpr const char* kOp = "fp8mp::fp8_gemm";
+constexpr char kOp[] = "fp8mp::fp8_gemm";
 constexpr int64_t kAlign = 16;                             // cuBLASLt FP8: K and N multiples of 16
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;       // what cuBLASLt's Hopper kernels like
 
-#define FP8MP_CUBLASLT_CHECK(EXPR)                                                                              \
-  do {                                                                                                          \
-    const cublasStatus_t fp8mp_status_ = (EXPR);                                                                \
-    if (fp8mp_status_ != CUBLAS_STATUS_SUCCESS) {                                                               \
-      throw std::runtime_error(std::string(kOp) + ": " #EXPR " failed with " +                                  \
-                               cublasLtGetStatusName(fp8mp_status_) + " (" + std::to_string(int(fp8mp_status_)) + \
-                               "): " + cublasLtGetStatusString(fp8mp_status_));                                 \
-    }                                                                                                           \
-  } while (0)
-
 template <typename V>
 void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V& value) {
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+  set_matmul_attribute<kOp>(desc, attr, value);
 }
 
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
-  cublasLtMatrixLayout_t raw = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&raw, type, uint64_t(rows), uint64_t(cols), ld));
-  return Layout(raw);
+  return make_matrix_layout<kOp>(type, rows, cols, ld);
 }
-
-cudaDataType_t fp8_cuda_type(Fp8Format format) { return format == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 
 cudaDataType_t cuda_type(HpType type) {
   switch (type) {
@@ -206,17 +193,8 @@ GemmPlan build_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallP
   plan_.b_layout = make_layout(cudaDataType_t(key.a_type), key.K_pad, key.M, key.K_pad);
   plan_.d_layout = make_layout(cudaDataType_t(key.out_type), key.N_pad, key.M, key.N_pad);
 
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref);
-  const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
-    FP8MP_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
-  };
-  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);  // cuBLASLt's A is our b
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out);
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out);
+  // cuBLASLt's A is our b.
+  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_out);
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int returned = 0;

@@ -12,10 +12,6 @@
 namespace fp8mp {
 namespace {
 
-constexpr ScalarType kFloat8_e8m0fnu = ScalarType::Float8_e8m0fnu;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 using BlockNormResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 BlockNormResult norm_fwd_block_fp8_cpu(Tensor x, OptionalTensor weight, OptionalTensor bias, double eps,
@@ -29,12 +25,8 @@ BlockNormResult norm_fwd_block_fp8_cpu(Tensor x, OptionalTensor weight, Optional
   const Tensor xc = as_contiguous(x);
   const OptionalTensor w = contiguous_or_none(weight), b = contiguous_or_none(bias);
   const int64_t rows = x.size(0), cols = x.size(1);
-  const ScalarType data_dtype = fp8_dtype(args.format);
-  const ScalarType scale_dtype = cpu::is_e8m0(args.mode) ? kFloat8_e8m0fnu : kFloat;
-  Tensor y = empty_on({rows, cols}, data_dtype, x);
-  Tensor scale_inv = empty_on({rows, ceil_div(cols, row_block)}, scale_dtype, x);
-  Tensor y_t = empty_on({cols, rows}, data_dtype, x);
-  Tensor scale_inv_t = empty_on({cols, ceil_div(rows, col_block)}, scale_dtype, x);
+  auto [y, scale_inv] = empty_block_quantized(x, rows, cols, 1, row_block, args);
+  auto [y_t, scale_inv_t] = empty_block_quantized(x, cols, rows, 1, col_block, args);
   Tensor mean = empty_on({is_layernorm ? rows : 0}, kFloat, x);
   Tensor rstd = empty_on({rows}, kFloat, x);
   const NormFwdArgs norm{is_layernorm,

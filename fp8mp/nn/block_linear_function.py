@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose, block_scaled_gemm, refuse_cuda
+from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose, block_scaled_gemm
 from fp8mp.scaling.recipe import BlockRecipe
 
 
@@ -138,8 +138,6 @@ def block_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tenso
     weight_in_out: `weight` is [K,N] (transformers' Conv1D); it is read through its transpose view.
     stored_weight: see BlockLinearFunction.forward (`weight` is then the gradient leaf or None).
     """
-    stored = stored_weight[0][0] if stored_weight is not None else None
-    refuse_cuda(f"fp8mp: {type(recipe).__name__} (fine-grained scaling)", x, weight, stored)
     x2d = x.reshape(-1, x.shape[-1])
     w_nk = weight.t() if weight_in_out and weight is not None else weight
     out = BlockLinearFunction.apply(x2d, w_nk, bias, recipe, formats, stored_weight)

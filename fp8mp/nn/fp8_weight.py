@@ -60,7 +60,7 @@ import torch
 
 from fp8mp.nn.block_linear_function import quantize_weight
 from fp8mp.nn.checkpoint import fp8_state_owner
-from fp8mp.ops.blockwise import block_dequantize, refuse_cuda
+from fp8mp.ops.blockwise import block_dequantize
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
 from fp8mp.ops.scale_update import compute_scale
@@ -141,7 +141,6 @@ def block_weight_layout(recipe) -> BlockWeightLayout | None:
 
 def block_weight_buffers(weight: torch.Tensor, recipe: BlockRecipe) -> dict[str, torch.Tensor]:
     """`weight` [N, K] stored for `recipe`: weight_fp8, weight_scale_inv (+ weight_fp8_t, weight_scale_inv_t)."""
-    refuse_cuda(f"fp8mp: FP8 weight storage for {type(recipe).__name__} (fine-grained scaling)", weight)
     w_q, w_t_q = quantize_weight(weight.detach(), recipe, recipe.fp8_format.forward_format)
     buffers = {"weight_fp8": w_q[0], "weight_scale_inv": w_q[1]}
     if w_t_q is not None:

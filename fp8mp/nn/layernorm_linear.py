@@ -18,8 +18,10 @@ class LayerNormLinear(torch.nn.Module):
     output to FP8 and records its amax in the same pass, so the Linear reads FP8 with no extra cast.
     Under BlockScaling and MXFP8Scaling the norm kernel writes the block-scaled FP8 input in both
     layouts the GEMMs read (x along K for fprop, x.T along M for wgrad), bit for bit the unfused
-    result. RowwiseScaling stays unfused: its x.T scales span all M rows, so no strip of rows can
-    be quantized before the whole norm output exists.
+    result (on CPU; fp8mp has no CUDA kernel for this fused norm, so on CUDA tensors it runs the
+    norm, then block_quantize_transpose of its output: the unfused computation, same numbers).
+    RowwiseScaling stays unfused: its x.T scales span all M rows, so no strip of rows can be
+    quantized before the whole norm output exists.
 
     Submodules `norm` (fp8mp.nn.LayerNorm or RMSNorm) and `linear` (fp8mp.nn.Linear) hold the
     parameters: state_dict keys norm.weight, norm.bias, linear.weight, linear.bias (+ linear's FP8

@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 
 from fp8mp.ops import norm as norm_ops
-from fp8mp.ops.blockwise import refuse_cuda
 from fp8mp.scaling.fp8_meta import Fp8Meta
 from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
-from fp8mp.nn.block_linear_function import BlockLinearFunction, both_blocks
+from fp8mp.nn.block_linear_function import BlockLinearFunction, block_linear, both_blocks
 from fp8mp.nn.fp8_linear_function import INPUT, GRAD, Fp8LinearFunction, prepare_scales, step_amax_to_fold
 
 
@@ -90,9 +89,13 @@ def norm_block_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.
                           stored_weight=None) -> torch.Tensor:
     """linear(norm(x)) under BlockScaling / MXFP8Scaling with the norm writing block-scaled FP8 itself.
 
-    stored_weight, weight: as fp8mp.nn.block_linear_function.block_linear's.
+    stored_weight, weight: as fp8mp.nn.block_linear_function.block_linear's. On CUDA, where
+    norm_fwd_block_fp8 has no kernel, the norm runs first and block_linear quantizes its output
+    (block_quantize_transpose), the unfused computation the fused CPU kernel equals bit for bit, at
+    the cost of one more write and read of the normalized activation.
     """
-    refuse_cuda(f"fp8mp: {type(recipe).__name__} (fine-grained scaling)", x)
+    if x.is_cuda:
+        return block_linear(norm(x), weight, bias, recipe, formats, stored_weight=stored_weight)
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
     row_block, col_block = both_blocks(recipe, *x2d.shape)
     data, scale_inv, data_t, scale_inv_t, route = NormToBlockFp8.apply(

@@ -24,9 +24,16 @@ Non-finite inputs are not refused: a NaN makes its tile's scale NaN (E8M0 code 2
 tile decodes as NaN, and an Inf makes it decode as NaN too (scale_inv Inf or a NaN data code), so
 an overflow stays visible.
 
-No CUDA kernels yet: fp8mp registers these ops for CPU only, and on CUDA tensors the wrappers and
-the fake kernels (so torch.compile's tracing too) raise NotImplementedError before any work, never
-falling back to something else.
+On CUDA (compiled for every release arch but not yet run on a GPU; tests/ops/test_blockwise_cuda.py):
+block_quantize and block_quantize_transpose have their own kernels, bit for bit the CPU's (the tile
+scale and the cast are csrc/blockwise/block_scale_rule.h, shared by both devices), for every block
+size, dtype, format and scale mode. block_scaled_gemm runs cuBLASLt's scale modes: rowwise blocks
+(1 x K, fp32 scales) as OUTER_VEC_32F and DeepSeek-V3 blocks (block_k 128, 1 x 128 / 128 x 128, not
+both 128 x 128) as VEC128_32F / BLK128x128_32F, both on compute capability 9.0+ with cuBLASLt 12.9+;
+MXFP8 (1 x 32, E8M0) as VEC32_UE8M0 with swizzled scales on 10.0+ with cuBLASLt 12.8+. It agrees with
+the CPU emulation to fp32 accumulation-order noise. Other block sizes on CUDA raise RuntimeError in
+the kernel and in the fake kernel alike (:func:`cuda_block_gemm_unsupported`), and an unable GPU or
+cuBLASLt raises one naming what is needed and found; nothing falls back to another computation.
 """
 from __future__ import annotations
 
@@ -48,19 +55,40 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
-CUDA_MISSING = ("fp8mp's CUDA block-scaled kernels are not built (this fp8mp has CPU kernels only for "
-                "fine-grained scaling; the cuBLASLt scale modes they need are listed in fp8mp/ops/blockwise.py)")
-
-
-def refuse_cuda(what: str, *tensors) -> None:
-    """NotImplementedError naming `what` when any of `tensors` is on CUDA (no CUDA kernels, no fallback)."""
+def refuse_cuda(what: str, why: str, *tensors) -> None:
+    """NotImplementedError naming `what` and `why` when any of `tensors` is on CUDA (no kernel, no fallback)."""
     if any(t is not None and t.is_cuda for t in tensors):
-        raise NotImplementedError(f"{what} on CUDA tensors: {CUDA_MISSING}")
+        raise NotImplementedError(f"{what} on CUDA tensors: {why}")
+
+
+def cuda_block_gemm_unsupported(k: int, a_block_rows: int, b_block_rows: int, block_k: int, a_e8m0: bool,
+                                b_e8m0: bool) -> Optional[str]:
+    """The error fp8mp's CUDA block_scaled_gemm raises for blocks no cuBLASLt recipe takes, or None.
+
+    The same rule and text as block_gemm_recipe in csrc/blockwise/block_gemm_cuda_kernels.cu, so that
+    the fake kernel (torch.compile's tracing) refuses on CUDA what the CUDA kernel refuses.
+    """
+    fp32_scales = not a_e8m0 and not b_e8m0
+    if fp32_scales and a_block_rows == 1 and b_block_rows == 1 and block_k >= k:
+        return None  # rowwise
+    if (fp32_scales and block_k == 128 and a_block_rows in (1, 128) and b_block_rows in (1, 128)
+            and not (a_block_rows == 128 and b_block_rows == 128)):
+        return None  # DeepSeek-V3
+    if a_e8m0 and b_e8m0 and block_k == 32 and a_block_rows == 1 and b_block_rows == 1:
+        return None  # MXFP8
+
+    def dtype(e8m0):
+        return "float8_e8m0fnu" if e8m0 else "float32"
+
+    return ("fp8mp::block_scaled_gemm: on CUDA the blocks must be those of a recipe cuBLASLt runs: rowwise "
+            "(a_block_rows = b_block_rows = 1, block_k >= K, float32 scales), DeepSeek-V3 (block_k = 128, a_block_rows "
+            "and b_block_rows 1 or 128, not both 128, float32 scales) or MXFP8 (a_block_rows = b_block_rows = 1, "
+            f"block_k = 32, float8_e8m0fnu scales); got a_block_rows = {a_block_rows}, b_block_rows = {b_block_rows}, "
+            f"block_k = {block_k}, K = {k}, scales {dtype(a_e8m0)} and {dtype(b_e8m0)}")
 
 
 @torch.library.register_fake("fp8mp::block_quantize")
 def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
-    refuse_cuda("fp8mp.ops.block_quantize", x)
     fmt, scale_mode = checks.check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode)
     rows, cols = x.shape
     scale_dtype = torch.float8_e8m0fnu if scale_mode.startswith("e8m0") else torch.float32
@@ -70,7 +98,6 @@ def _block_quantize_fake(x, block_rows, block_cols, fmt, scale_mode):
 
 @torch.library.register_fake("fp8mp::block_quantize_transpose")
 def _block_quantize_transpose_fake(x, row_block, col_block, fmt, scale_mode):
-    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
     fmt, scale_mode = checks.check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode)
     rows, cols = x.shape
     data_dtype = FP8_DTYPES[fmt]
@@ -81,9 +108,14 @@ def _block_quantize_transpose_fake(x, row_block, col_block, fmt, scale_mode):
 
 @torch.library.register_fake("fp8mp::block_scaled_gemm")
 def _block_scaled_gemm_fake(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias, out_dtype):
-    refuse_cuda("fp8mp.ops.block_scaled_gemm", a, b)
     checks.check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k, bias,
                                         out_dtype)
+    if a.is_cuda:
+        e8m0 = torch.float8_e8m0fnu
+        unsupported = cuda_block_gemm_unsupported(a.shape[1], a_block_rows, b_block_rows, block_k,
+                                                  a_scale_inv.dtype == e8m0, b_scale_inv.dtype == e8m0)
+        if unsupported is not None:
+            raise RuntimeError(unsupported)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
@@ -112,7 +144,6 @@ def block_quantize(x: torch.Tensor, block_rows: int, block_cols: int, fmt: str =
     Returns:
         (data [R, C] float8, scale_inv [ceil(R / block_rows), ceil(C / block_cols)] float32 or float8_e8m0fnu).
     """
-    refuse_cuda("fp8mp.ops.block_quantize", x)
     return torch.ops.fp8mp.block_quantize(x, block_rows, block_cols, fmt, scale_mode)
 
 
@@ -128,7 +159,6 @@ def block_quantize_transpose(x: torch.Tensor, row_block: int, col_block: int, fm
     The kernel reads x twice (every tile amax of both layouts, then both casts), where the two calls
     would read it four times and copy its transpose.
     """
-    refuse_cuda("fp8mp.ops.block_quantize_transpose", x)
     return torch.ops.fp8mp.block_quantize_transpose(x, row_block, col_block, fmt, scale_mode)
 
 
@@ -152,7 +182,6 @@ def block_scaled_gemm(a: torch.Tensor, a_scale_inv: torch.Tensor, b: torch.Tenso
         bias: optional [N] tensor of dtype `out_dtype`.
         out_dtype: float32, bfloat16 or float16.
     """
-    refuse_cuda("fp8mp.ops.block_scaled_gemm", a, b)
     return torch.ops.fp8mp.block_scaled_gemm(a, a_scale_inv, b, b_scale_inv, a_block_rows, b_block_rows, block_k,
                                              bias, out_dtype)
 

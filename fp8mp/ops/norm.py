@@ -29,6 +29,9 @@ import torch
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
 from fp8mp.ops.blockwise import refuse_cuda
+
+NORM_BLOCK_FP8_CUDA_MISSING = ("fp8mp has no fused CUDA kernel for it (CPU only); on CUDA, fp8mp.nn.LayerNormLinear "
+                               "runs the norm, then fp8mp.ops.block_quantize_transpose")
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
@@ -75,7 +78,7 @@ def _layernorm_fwd_fp8_fake(x, weight, bias, eps, zero_centered_gamma, scale, am
 @torch.library.register_fake("fp8mp::norm_fwd_block_fp8")
 def _norm_fwd_block_fp8_fake(x, weight, bias, eps, is_layernorm, zero_centered_gamma, row_block, col_block, fmt,
                              scale_mode):
-    refuse_cuda("fp8mp.ops.norm_block_fp8", x)
+    refuse_cuda("fp8mp.ops.norm_block_fp8", NORM_BLOCK_FP8_CUDA_MISSING, x)
     fmt, scale_mode = checks.check_norm_block_fp8_args(x, weight, bias, eps, is_layernorm, row_block, col_block, fmt,
                                                        scale_mode)
     rows, cols = x.shape
@@ -275,6 +278,6 @@ def norm_block_fp8(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Option
     col_block rows into a buffer and quantizes them both ways); mean (LayerNorm; [0] for RMSNorm)
     and rstd for :func:`layer_norm_backward` / :func:`rms_norm_backward`. CPU only.
     """
-    refuse_cuda("fp8mp.ops.norm_block_fp8", x)
+    refuse_cuda("fp8mp.ops.norm_block_fp8", NORM_BLOCK_FP8_CUDA_MISSING, x)
     return torch.ops.fp8mp.norm_fwd_block_fp8(x, weight, bias, eps, is_layernorm, zero_centered_gamma, row_block,
                                               col_block, fmt, scale_mode)

@@ -149,17 +149,66 @@ def test_recipes_are_frozen_and_checked():
     assert fp8mp.recipe.MXFP8Scaling is MXFP8Scaling
 
 
-def test_compile_fullgraph_has_no_graph_break():
-    layer = fp8mp.nn.Linear(64, 32)
-    x = torch.randn(8, 64)
+def _graph_recording_backend(graphs: list):
+    """aot_eager that appends the code of every forward and backward graph it compiles to `graphs`."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
 
-    def f(x):
-        with fp8mp.fp8_autocast(fp8_recipe=BlockScaling()):
-            return layer(x)
+    def record(gm, _example_inputs):
+        graphs.append(gm.code)
+        return make_boxed_func(gm.forward)
 
-    eager = f(x)
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
-    assert torch.equal(eager, compiled)
+    return aot_autograd(fw_compiler=record, bw_compiler=record)
+
+
+COMPILE_RECIPES = [RowwiseScaling(), BlockScaling(), MXFP8Scaling()]
+
+
+@pytest.mark.parametrize("recipe", COMPILE_RECIPES, ids=["rowwise", "block", "mx"])
+@pytest.mark.parametrize("module_kind", ["Linear", "LayerNormLinear"])
+def test_compile_fullgraph_forward_and_backward_equal_eager(recipe, module_kind):
+    """No graph break (fullgraph=True raises on one), and outputs and every gradient bit-equal to eager.
+
+    The graphs are the block ops themselves: the forward runs block_quantize_transpose (or, in
+    LayerNormLinear under BlockScaling / MXFP8Scaling, the fused norm_fwd_block_fp8) and
+    block_scaled_gemm, the backward the dgrad and wgrad block_scaled_gemms.
+    """
+    torch.manual_seed(0)
+    if module_kind == "Linear":
+        eager = fp8mp.nn.Linear(160, 96)
+    else:
+        eager = fp8mp.nn.LayerNormLinear(160, 96)
+        with torch.no_grad():
+            eager.norm.weight.normal_(1.0, 0.3)
+    compiled_module = copy.deepcopy(eager)
+
+    def forward(module, x):
+        with fp8mp.fp8_autocast(fp8_recipe=recipe):
+            return module(x)
+
+    torch._dynamo.reset()  # `forward` is one code object for every parametrization: start from an empty cache
+    graphs = []
+    compiled_forward = torch.compile(forward, backend=_graph_recording_backend(graphs), fullgraph=True)
+    compiled_after_step = []
+    for i in range(3):
+        x, grad = torch.randn(2, 70, 160) * (i + 1) + 0.5, torch.randn(2, 70, 96)
+        results = []
+        for module, fn in ((eager, forward), (compiled_module, compiled_forward)):
+            module.zero_grad()
+            xi = x.clone().requires_grad_(True)
+            out = fn(module, xi)
+            out.backward(grad)
+            results.append([out, xi.grad] + [p.grad for p in module.parameters()])
+        for a, b in zip(*results):
+            assert torch.equal(a, b), i
+        compiled_after_step.append(len(graphs))
+    # The first step compiles, the second once more (autocast has recorded the module), then no more.
+    assert compiled_after_step[1] == compiled_after_step[2] and len(graphs) % 2 == 0
+    forward_graph, backward_graph = graphs[-2:]
+    fused_norm = module_kind == "LayerNormLinear" and not isinstance(recipe, RowwiseScaling)
+    quantize_op = "fp8mp.norm_fwd_block_fp8" if fused_norm else "fp8mp.block_quantize_transpose"
+    assert quantize_op in forward_graph and "fp8mp.block_scaled_gemm" in forward_graph
+    assert backward_graph.count("fp8mp.block_scaled_gemm") == 2
 
 
 def test_convert_pins_a_block_recipe():
@@ -181,24 +230,32 @@ def test_fp8_group_reduces_nothing_for_block_recipes():
     assert list(distributed._PENDING.pop(group)) == [id(layer)]
 
 
-def test_cuda_tensors_are_refused_before_any_work_naming_the_recipe():
-    """FakeTensorMode's CUDA tensors (no GPU needed): the per-tensor path traces, the block recipes refuse at once."""
+def test_block_recipes_trace_on_cuda_tensors_and_layernorm_linear_goes_unfused(monkeypatch):
+    """FakeTensorMode's CUDA tensors (no GPU needed): every block recipe traces Linear, FP8 weight storage and
+    LayerNormLinear (unfused on CUDA, where norm_fwd_block_fp8 has no kernel) through the CUDA fakes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from fp8mp.nn import norm_linear_function
+
+    with FakeTensorMode():
+        with pytest.raises(NotImplementedError, match=r"fp8mp.ops.norm_block_fp8 on CUDA tensors: fp8mp has no fused "
+                                                      r"CUDA kernel for it"):
+            fp8mp.ops.norm.norm_block_fp8(torch.randn(4, 64, device="cuda"), None, None, 1e-5, True, 32, 32)
+    monkeypatch.setattr(norm_linear_function.norm_ops, "norm_block_fp8",
+                        lambda *a, **k: pytest.fail("the fused norm has no CUDA kernel"))
     with FakeTensorMode():
         layer = fp8mp.nn.Linear(64, 32, device="cuda")
-        x = torch.randn(4, 64, device="cuda")
-        with fp8mp.fp8_autocast(fp8_recipe=fp8mp.recipe.CurrentScaling()):
-            assert layer(x).shape == (4, 32) and layer(x).is_cuda  # the control: CUDA per-tensor kernels exist
-        for recipe in (RowwiseScaling(), BlockScaling(), MXFP8Scaling()):
-            name = type(recipe).__name__
-            with pytest.raises(NotImplementedError, match=rf"^fp8mp: {name} \(fine-grained scaling\) on CUDA tensors: "
-                                                          "fp8mp's CUDA block-scaled kernels are not built"):
-                with fp8mp.fp8_autocast(fp8_recipe=recipe):
-                    layer(x)
-            with pytest.raises(NotImplementedError, match=rf"FP8 weight storage for {name} .*kernels are not built"):
-                with fp8mp.fp8_model_init(recipe=recipe):
-                    fp8mp.nn.Linear(64, 32, device="cuda")
+        lnl = fp8mp.nn.LayerNormLinear(64, 32, device="cuda")
+        x = torch.randn(4, 64, device="cuda")  # no backward: the autograd engine wants a real CUDA context
+        for recipe in (RowwiseScaling(), BlockScaling(), MXFP8Scaling(), MXFP8Scaling(fp8_format=Format.HYBRID)):
+            with fp8mp.fp8_autocast(fp8_recipe=recipe):
+                for module in (layer, lnl):
+                    out = module(x)
+                    assert out.shape == (4, 32) and out.is_cuda
+            with fp8mp.fp8_model_init(recipe=recipe):
+                stored = fp8mp.nn.Linear(64, 32, device="cuda")
+            with fp8mp.fp8_autocast(fp8_recipe=recipe), torch.no_grad():
+                assert stored(x).shape == (4, 32)
 
 
 @pytest.mark.parametrize("recipe", [BlockScaling(), MXFP8Scaling(), MXFP8Scaling(fp8_format=Format.HYBRID)],

@@ -271,6 +271,34 @@ def test_fake_kernels_refuse_what_the_cpu_kernels_refuse(name):
     assert error_of(BAD_CALLS[name], "fake") == eager
 
 
+@pytest.mark.parametrize("blocks,e8m0,supported", [((1, 1, 300), False, True), ((1, 128, 128), False, True),
+                                                     ((128, 1, 128), False, True), ((1, 1, 32), True, True),
+                                                     ((128, 128, 128), False, False), ((1, 1, 64), False, False),
+                                                     ((1, 1, 32), False, False), ((1, 128, 32), True, False)],
+                         ids=["rowwise", "deepseek", "deepseek-a-blocks", "mxfp8", "both-128x128", "1x64", "mx-fp32",
+                              "mx-blocks"])
+def test_fake_refuses_on_cuda_the_blocks_no_cublaslt_recipe_takes(blocks, e8m0, supported):
+    """No GPU needed: FakeTensorMode's CUDA tensors reach the fake, which applies the CUDA kernel's rule."""
+    a_rows, b_rows, block_k = blocks
+    dtype = torch.float8_e8m0fnu if e8m0 else torch.float32
+    with FakeTensorMode():
+        a, b = torch.ones(256, 300, device="cuda").to(E4M3), torch.ones(256, 300, device="cuda").to(E4M3)
+        sa = torch.ones(-(-256 // a_rows), -(-300 // block_k), device="cuda").to(dtype)
+        sb = torch.ones(-(-256 // b_rows), -(-300 // block_k), device="cuda").to(dtype)
+        call = lambda: ops.block_scaled_gemm(a, sa, b, sb, a_rows, b_rows, block_k, None, torch.float32)
+        if supported:
+            assert call().shape == (256, 256)
+        else:
+            with pytest.raises(RuntimeError, match=r"^fp8mp::block_scaled_gemm: on CUDA the blocks must be those of a "
+                                                   rf"recipe cuBLASLt runs: .*; got a_block_rows = {a_rows}, "):
+                call()
+        sa_cpu = torch.ones(-(-256 // a_rows), -(-300 // block_k)).to(dtype)  # the CPU takes every block size
+        sb_cpu = torch.ones(-(-256 // b_rows), -(-300 // block_k)).to(dtype)
+        a_cpu, b_cpu = torch.ones(256, 300).to(E4M3), torch.ones(256, 300).to(E4M3)
+        assert ops.block_scaled_gemm(a_cpu, sa_cpu, b_cpu, sb_cpu, a_rows, b_rows, block_k, None, torch.float32).shape \
+            == (256, 256)
+
+
 def test_the_scale_shape_error_says_the_expected_shape():
     # The op itself raises RuntimeError tagged [ValueError] (the stable ABI's contract); the wrapper raises ValueError.
     a, b = torch.ones(4, 64).to(E4M3), torch.ones(3, 64).to(E4M3)
@@ -279,28 +307,33 @@ def test_the_scale_shape_error_says_the_expected_shape():
 
 
 @pytest.mark.parametrize("op", ["block_quantize", "block_quantize_transpose", "block_scaled_gemm"])
-def test_no_cuda_kernel_and_no_fallback_that_would_run_on_cuda(op):
-    """The dispatcher has a CPU kernel and a fake (Meta), and nothing that a CUDA tensor could silently reach."""
+def test_cuda_kernels_only_where_built_and_no_fallback_that_would_run_on_cuda(op):
+    """A CPU kernel, a fake (Meta), a CUDA kernel exactly when fp8mp's CUDA library is loaded, and no composite."""
+    from fp8mp.ops.native import cuda_library_loaded
+
     name = f"fp8mp::{op}"
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     assert has(name, "CPU") and has(name, "Meta")
-    for key in ("CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+    assert has(name, "CUDA") == cuda_library_loaded()
+    for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                 "AutogradCUDA"):
         assert not has(name, key), key
 
 
-def test_wrappers_and_fake_kernels_refuse_cuda_tensors_before_any_work():
-    with FakeTensorMode():  # CUDA fake tensors: what torch.compile traces, no GPU needed
+def test_wrappers_and_fake_kernels_trace_cuda_tensors_with_the_cpu_shapes():
+    """FakeTensorMode's CUDA tensors (what torch.compile traces, no GPU needed): no refusal, the CPU's shapes."""
+    with FakeTensorMode():
         x = torch.randn(8, 64, device="cuda")
-        with pytest.raises(NotImplementedError, match=r"^fp8mp.ops.block_quantize on CUDA tensors: fp8mp's CUDA "
-                                                      "block-scaled kernels are not built"):
-            block_quantize(x, 1, 32)
-        with pytest.raises(NotImplementedError, match="block_quantize on CUDA tensors"):
-            ops.block_quantize(x, 1, 32, "e4m3", "fp32")  # the fake kernel itself
+        data, scale_inv = block_quantize(x, 1, 32)
+        assert data.is_cuda and data.shape == (8, 64) and scale_inv.shape == (8, 2)
+        shapes = [t.shape for t in block_quantize_transpose(x, 32, 8, "e4m3", "e8m0_rceil")]
+        assert shapes == [(8, 64), (8, 2), (64, 8), (64, 1)]
         a = torch.ones(4, 64, device="cuda").to(E4M3)
-        with pytest.raises(NotImplementedError, match="block_scaled_gemm on CUDA tensors: .*not built"):
-            ops.block_scaled_gemm(a, torch.ones(4, 2, device="cuda"), a, torch.ones(4, 2, device="cuda"), 1, 1, 32, None,
-                                  torch.float32)
+        out = block_scaled_gemm(a, torch.ones(4, 1, device="cuda"), a, torch.ones(4, 1, device="cuda"), 1, 1, 64)
+        assert out.is_cuda and out.shape == (4, 4)
+        with pytest.raises(NotImplementedError, match=r"^fp8mp.ops.norm_block_fp8 on CUDA tensors: fp8mp has no fused "
+                                                      "CUDA kernel"):
+            torch.ops.fp8mp.norm_fwd_block_fp8(x, None, None, 1e-5, True, False, 32, 32, "e4m3", "fp32")
 
 
 # ---------------------------------------------------------------- the norm writing block-scaled FP8

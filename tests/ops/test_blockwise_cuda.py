@@ -1,0 +1,303 @@
+"""fp8mp's block-scaled ops on CUDA against the CPU kernels: quantization bit for bit, the GEMM to a stated tolerance.
+
+The CPU kernels are themselves checked against independent references (tests/ops/test_blockwise.py:
+torchao's to_mx, torchao's rowwise scaling, a DeepSeek-V3 reference), so bit equality here carries
+those checks over to the GPU. Every test needs a GPU and fp8mp's CUDA kernels (`pytest -m cuda`).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fp8mp
+from fp8mp.ops import block_quantize, block_quantize_transpose
+from opcheck_util import opcheck_fp8_aware
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+needs_cuda = pytest.mark.skipif(not fp8mp.cuda_kernels_available(), reason="no CUDA device or fp8mp built without CUDA kernels")
+
+MODES = ["fp32", "pow2", "e8m0_floor", "e8m0_rceil"]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (shape, (block_rows, block_cols)): MXFP8 1x32, DeepSeek 1x128 and 128x128 with partial edge tiles,
+# rowwise (one tile per row, wider than the row too), odd blocks, 1x1, a tall column.
+QUANTIZE_CASES = [((130, 200), (1, 32)), ((257, 300), (1, 128)), ((300, 260), (128, 128)), ((96, 72), (1, 72)),
+                  ((20, 50), (1, 64)), ((37, 1000), (7, 5)), ((1, 1), (1, 1)), ((5000, 3), (3, 2))]
+QUANTIZE_IDS = ["mx", "1x128", "128x128", "rowwise", "rowwise-wide-block", "odd", "1x1", "tall"]
+# (shape, (row_block, col_block)) of block_quantize_transpose.
+TRANSPOSE_CASES = [((256, 384), (128, 128)), ((130, 200), (32, 32)), ((96, 72), (72, 96)), ((1, 1), (32, 32)),
+                   ((37, 1000), (7, 5)), ((2000, 20), (32, 2000)), ((65, 129), (1, 1))]
+TRANSPOSE_IDS = ["block", "mx-partial", "rowwise", "1x1", "odd", "tall", "unit-blocks"]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def hard_input(shape, dtype, seed):
+    """Many exponents per tile; a zero row, a tiny and a huge row; NaN, -NaN, +Inf and -Inf elements."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2((torch.rand(shape, generator=g) * 2 - 1) * 8)
+    rows, cols = shape
+    if rows > 3:
+        x[0] = 0
+        x[1] *= 1e-38
+        x[2] *= 1e30
+    n = x.numel()
+    if n > 16:
+        flat = x.view(-1)
+        flat[n // 3] = float("nan")
+        flat[n // 2] = float("inf")
+        flat[(2 * n) // 3] = -float("inf")
+        flat[n // 5] = -float("nan")  # its sign must reach the code on both devices
+    return x.to(dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape,block", QUANTIZE_CASES, ids=QUANTIZE_IDS)
+def test_cuda_block_quantize_equals_cpu_bit_for_bit(shape, block, dtype, fmt, mode):
+    x = hard_input(shape, dtype, seed=shape[0] + block[1])
+    data, scale_inv = block_quantize(x, *block, fmt, mode)
+    data_gpu, scale_inv_gpu = block_quantize(x.cuda(), *block, fmt, mode)
+    assert data_gpu.is_cuda and data_gpu.dtype == data.dtype and scale_inv_gpu.dtype == scale_inv.dtype
+    assert torch.equal(bits(data_gpu.cpu()), bits(data))
+    assert torch.equal(bits(scale_inv_gpu.cpu()), bits(scale_inv))
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape,blocks", TRANSPOSE_CASES, ids=TRANSPOSE_IDS)
+def test_cuda_block_quantize_transpose_equals_cpu_bit_for_bit(shape, blocks, dtype, fmt, mode):
+    x = hard_input(shape, dtype, seed=shape[1] + blocks[0])
+    cpu = block_quantize_transpose(x, *blocks, fmt, mode)
+    gpu = block_quantize_transpose(x.cuda(), *blocks, fmt, mode)
+    for got, want in zip(gpu, cpu):
+        assert got.is_cuda and got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(bits(got.cpu()), bits(want))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_block_quantize_every_16bit_pattern_equals_cpu(dtype, mode):
+    """All 65536 bit patterns (NaN payloads, subnormals, Inf), in 1x32 tiles and in both layouts of 32x32."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).reshape(256, 256)
+    for fmt in ("e4m3", "e5m2"):
+        for got, want in zip(block_quantize(x.cuda(), 1, 32, fmt, mode), block_quantize(x, 1, 32, fmt, mode)):
+            assert torch.equal(bits(got.cpu()), bits(want))
+        cpu = block_quantize_transpose(x, 32, 32, fmt, mode)
+        gpu = block_quantize_transpose(x.cuda(), 32, 32, fmt, mode)
+        for got, want in zip(gpu, cpu):
+            assert torch.equal(bits(got.cpu()), bits(want))
+
+
+@needs_cuda
+def test_cuda_non_contiguous_and_offset_inputs_equal_cpu():
+    base = hard_input((300, 257), torch.bfloat16, seed=9)
+    for x in (base.t(), base[1:, 3:], base[::2]):
+        for got, want in zip(block_quantize(x.cuda(), 1, 128, "e4m3", "fp32"), block_quantize(x, 1, 128, "e4m3", "fp32")):
+            assert torch.equal(bits(got.cpu()), bits(want))
+        for got, want in zip(block_quantize_transpose(x.cuda(), 32, 32, "e4m3", "e8m0_rceil"),
+                             block_quantize_transpose(x, 32, 32, "e4m3", "e8m0_rceil")):
+            assert torch.equal(bits(got.cpu()), bits(want))
+
+
+@needs_cuda
+def test_cuda_empty_inputs_give_empty_outputs():
+    for shape in ((0, 64), (64, 0)):
+        x = torch.empty(shape, device="cuda")
+        data, scale_inv = block_quantize(x, 1, 32, "e4m3", "fp32")
+        assert data.shape == shape and scale_inv.shape == (shape[0], -(-shape[1] // 32))
+        assert [t.shape for t in block_quantize_transpose(x, 32, 32, "e4m3", "fp32")] == \
+               [t.shape for t in block_quantize_transpose(x.cpu(), 32, 32, "e4m3", "fp32")]
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["fp32", "pow2", "e8m0_floor", "e8m0_rceil"])
+def test_opcheck_block_quantize_cuda(mode):
+    opcheck_fp8_aware(torch.ops.fp8mp.block_quantize.default, (torch.randn(33, 70, device="cuda"), 1, 32, "e4m3", mode))
+    opcheck_fp8_aware(torch.ops.fp8mp.block_quantize.default,
+                      (torch.randn(130, 70, device="cuda").bfloat16(), 128, 128, "e5m2", mode))
+    opcheck_fp8_aware(torch.ops.fp8mp.block_quantize_transpose.default,
+                      (torch.randn(40, 24, device="cuda").half(), 24, 40, "e5m2", mode))
+
+
+@needs_cuda
+def test_cuda_kernels_refuse_what_the_cpu_kernels_refuse():
+    from opcheck_util import error_of
+    from test_blockwise import BAD_CALLS
+
+    for name, call in BAD_CALLS.items():
+        if name.startswith(("quantize", "transpose")):
+            assert error_of(call, "cuda") == error_of(call, "cpu"), name
+
+
+# ---------------------------------------------------------------- block_scaled_gemm on CUDA vs the CPU emulation
+# (name, a blocks (rows, block_k) of block_quantize, b blocks, GEMM block rows of a and b, scale mode, formats of a, b)
+GEMM_RECIPES = {
+    "rowwise": ((1, None), (1, None), 1, 1, "pow2", ("e4m3", "e4m3")),
+    "rowwise-fp32": ((1, None), (1, None), 1, 1, "fp32", ("e4m3", "e4m3")),
+    "deepseek-fprop": ((1, 128), (128, 128), 1, 128, "fp32", ("e4m3", "e4m3")),
+    "deepseek-wgrad": ((1, 128), (1, 128), 1, 1, "fp32", ("e4m3", "e4m3")),
+    "deepseek-128x128-a": ((128, 128), (1, 128), 128, 1, "fp32", ("e4m3", "e4m3")),
+    "mxfp8-rceil": ((1, 32), (1, 32), 1, 1, "e8m0_rceil", ("e4m3", "e4m3")),
+    "mxfp8-floor-hybrid": ((1, 32), (1, 32), 1, 1, "e8m0_floor", ("e5m2", "e4m3")),
+}
+# What cuBLASLt needs for each (fp8mp's block_gemm_recipe / Requirement): compute capability.
+NEEDED_CAPABILITY = {"rowwise": (9, 0), "deepseek": (9, 0), "mxfp8": (10, 0)}
+
+
+def _quantized_operands(name, M, N, K, seed, a_scale=1.0):
+    (a_rows, a_k), (b_rows, b_k), a_block_rows, b_block_rows, mode, (fa, fb) = GEMM_RECIPES[name]
+    block_k = a_k or K
+    g = torch.Generator().manual_seed(seed)
+    # Per-row and per-chunk magnitudes over many binades, so that a scale applied to the wrong row or
+    # chunk changes the result by far more than the tolerance.
+    a = torch.randn(M, K, generator=g) * torch.exp2(torch.randint(-6, 7, (M, 1), generator=g).float()) \
+        * torch.exp2(torch.randint(-6, 7, (1, K), generator=g).float()) * a_scale
+    b = torch.randn(N, K, generator=g) * torch.exp2(torch.randint(-6, 7, (N, 1), generator=g).float())
+    qa, sa = block_quantize(a, a_rows, block_k, fa, mode)
+    qb, sb = block_quantize(b, b_rows, block_k, fb, mode)
+    return (qa, sa, qb, sb, a_block_rows, b_block_rows, block_k)
+
+
+def _abs_product_sum(qa, sa, qb, sb, a_block_rows, b_block_rows, block_k):
+    """sum over k of |a_k| |b_k| with their scales (float64): what bounds the rounding of any summation order."""
+    from blockwise_reference import decode_scale
+
+    M, K = qa.shape
+    N = qb.shape[0]
+    a64, b64 = qa.float().double().abs(), qb.float().double().abs()
+    sa_rows = decode_scale(sa).double().abs().repeat_interleave(a_block_rows, 0)[:M]
+    sb_rows = decode_scale(sb).double().abs().repeat_interleave(b_block_rows, 0)[:N]
+    total = torch.zeros(M, N, dtype=torch.float64)
+    for c, k0 in enumerate(range(0, K, block_k)):
+        total += (a64[:, k0:k0 + block_k] @ b64[:, k0:k0 + block_k].T) * (sa_rows[:, c:c + 1] * sb_rows[:, c])
+    return total
+
+
+def _gpu_can_run(name) -> bool:
+    return torch.cuda.get_device_capability() >= NEEDED_CAPABILITY[name.split("-")[0]]
+
+
+@needs_cuda
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("name", list(GEMM_RECIPES))
+def test_cuda_block_scaled_gemm_matches_the_cpu_emulation(name, with_bias, out_dtype):
+    """Tolerance from the arithmetic: both devices multiply the FP8 values exactly and apply the same two
+    scales per K chunk; only the order (and, in the tensor cores, the width) of the fp32 additions differs.
+    A sum of K terms in any order with every partial sum kept to p bits is off by at most
+    K * 2^-p * sum|terms|; Hopper's FP8 MMA keeps about 14 bits between promotions (DeepSeek-V3, section
+    3.3.2), so |gpu - cpu| <= 2^-14 * K * sum_k |a_k b_k| (scales included) before the output's rounding,
+    which may differ by one unit in the last place of out_dtype where the two sums straddle a rounding
+    boundary; with a bias and a 16-bit output the GPU also rounds the product before adding the bias
+    (one more eps * |product|). A scale applied to the wrong row, block or chunk is off by a power of two
+    or more."""
+    M, N, K = 70, 200, 300  # none a multiple of 16, 32 or 128: every padding path
+    # float16 outputs: a scaled down so that no output comes near float16's 65504 (an overflow on one
+    # device and 65504 on the other would be an infinite difference).
+    operands = _quantized_operands(name, M, N, K, seed=len(name), a_scale=2.0 ** -12 if out_dtype == torch.float16 else 1.0)
+    qa, sa, qb, sb, a_block_rows, b_block_rows, block_k = operands
+    bias = torch.randn(N).to(out_dtype) if with_bias else None
+    cpu = fp8mp.ops.block_scaled_gemm(qa, sa, qb, sb, a_block_rows, b_block_rows, block_k, bias, out_dtype)
+    args = [t.cuda() for t in (qa, sa, qb, sb)]
+    call = lambda: fp8mp.ops.block_scaled_gemm(args[0], args[1], args[2], args[3], a_block_rows, b_block_rows, block_k,
+                                               None if bias is None else bias.cuda(), out_dtype)
+    if not _gpu_can_run(name):
+        with pytest.raises(RuntimeError, match=r"needs a GPU of compute capability .* has compute capability"):
+            call()
+        return
+    gpu = call().cpu()
+    assert gpu.dtype == out_dtype and gpu.shape == (M, N)
+    bound = _abs_product_sum(*operands) * (K * 2.0 ** -14)
+    eps = torch.finfo(out_dtype).eps
+    ulp = eps * cpu.double().abs()
+    if bias is not None and out_dtype != torch.float32:
+        ulp = ulp + eps * (cpu.double() - bias.double()).abs()
+    err = (gpu.double() - cpu.double()).abs()
+    assert (err <= bound + ulp + torch.finfo(out_dtype).tiny).all(), (err - bound - ulp).max()
+    # The bound is a worst case (here about 14% of a typical output); the typical error is far smaller:
+    # 14-bit partial sums over K = 300 leave about 60 dB, a bf16 output's rounding about 55 dB. 45 dB
+    # catches what the bound would let through, such as one K chunk's scale off by a small factor.
+    sqnr = 20 * torch.log10(cpu.double().norm() / (gpu.double() - cpu.double()).norm().clamp_min(1e-300))
+    assert sqnr > 45, sqnr
+
+
+@needs_cuda
+def test_cuda_block_scaled_gemm_k_zero_gives_the_bias():
+    E4M3 = torch.float8_e4m3fn
+    a, b = torch.empty(3, 0, dtype=E4M3, device="cuda"), torch.empty(2, 0, dtype=E4M3, device="cuda")
+    bias = torch.tensor([1.5, -2.0], device="cuda")
+    out = fp8mp.ops.block_scaled_gemm(a, torch.empty(3, 0, device="cuda"), b, torch.empty(2, 0, device="cuda"), 1, 1,
+                                      32, bias, torch.float32)
+    assert torch.equal(out.cpu(), bias.cpu().expand(3, 2))
+
+
+@needs_cuda
+def test_cuda_block_scaled_gemm_refuses_blocks_no_cublaslt_recipe_takes_like_its_fake():
+    from opcheck_util import error_of
+
+    E4M3 = torch.float8_e4m3fn
+
+    def call(device):  # 1 x 64 blocks: fine on CPU, no cuBLASLt mode
+        a, b = torch.ones(4, 128, device=device).to(E4M3), torch.ones(3, 128, device=device).to(E4M3)
+        return torch.ops.fp8mp.block_scaled_gemm(a, torch.ones(4, 2, device=device), b, torch.ones(3, 2, device=device),
+                                                 1, 1, 64, None, torch.float32)
+
+    call("cpu")
+    kind, message = error_of(call, "cuda")
+    assert kind is RuntimeError and "on CUDA the blocks must be those of a recipe cuBLASLt runs" in message
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError) as fake:
+            call("cuda")
+    assert str(fake.value) == message
+
+
+@needs_cuda
+def test_opcheck_block_scaled_gemm_cuda():
+    name = "rowwise" if _gpu_can_run("rowwise") else None
+    if name is None:
+        pytest.skip("no cuBLASLt block-scaled recipe on this GPU")
+    qa, sa, qb, sb, a_rows, b_rows, block_k = [t.cuda() if isinstance(t, torch.Tensor) else t
+                                               for t in _quantized_operands(name, 33, 40, 70, seed=1)]
+    opcheck_fp8_aware(torch.ops.fp8mp.block_scaled_gemm.default,
+                      (qa, sa, qb, sb, a_rows, b_rows, block_k, torch.randn(40, device="cuda"), torch.float32))
+
+
+# ---------------------------------------------------------------- the modules on CUDA vs CPU
+@needs_cuda
+@pytest.mark.parametrize("module_kind", ["Linear", "LayerNormLinear"])
+@pytest.mark.parametrize("recipe_name", ["rowwise", "deepseek", "mxfp8"])
+def test_cuda_block_linear_forward_and_backward_close_to_cpu(recipe_name, module_kind):
+    """Same weights and inputs on both devices: quantization is bit-exact, so outputs and gradients differ
+    only by the GEMMs' accumulation order (tolerance of test_cuda_block_scaled_gemm_matches_the_cpu_emulation,
+    here checked as an SQNR of 60 dB, far above the ~30 dB of FP8 itself). LayerNormLinear: 40 dB, as the
+    CPU and CUDA norm kernels may differ in the last bit of an output, which can move an FP8 code by one."""
+    from fp8mp.scaling.recipe import BlockScaling, MXFP8Scaling, RowwiseScaling
+
+    recipe = {"rowwise": RowwiseScaling(), "deepseek": BlockScaling(), "mxfp8": MXFP8Scaling()}[recipe_name]
+    torch.manual_seed(0)
+    cpu_module = fp8mp.nn.Linear(256, 192) if module_kind == "Linear" else fp8mp.nn.LayerNormLinear(256, 192)
+    gpu_module = copy.deepcopy(cpu_module).cuda()
+    x, grad = torch.randn(4, 40, 256), torch.randn(4, 40, 192)
+    results = []
+    for module, device in ((cpu_module, "cpu"), (gpu_module, "cuda")):
+        xi = x.to(device).requires_grad_(True)
+        with fp8mp.fp8_autocast(fp8_recipe=recipe):
+            if device == "cuda" and not _gpu_can_run(recipe_name):
+                with pytest.raises(RuntimeError, match="needs a GPU of compute capability"):
+                    module(xi)
+                return
+            out = module(xi)
+        out.backward(grad.to(device))
+        results.append([out, xi.grad] + [p.grad for p in module.parameters()])
+    for c, g in zip(*results):
+        c, g = c.double(), g.cpu().double()
+        assert 20 * torch.log10(c.norm() / (c - g).norm().clamp_min(1e-30)) > (60 if module_kind == "Linear" else 40)
