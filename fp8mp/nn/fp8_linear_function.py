@@ -34,7 +34,7 @@ from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 
-INPUT, WEIGHT, GRAD = LinearTensor.INPUT, LinearTensor.WEIGHT, LinearTensor.GRAD_OUTPUT
+INPUT, WEIGHT, GRAD = int(LinearTensor.INPUT), int(LinearTensor.WEIGHT), int(LinearTensor.GRAD_OUTPUT)  # traced: ints
 
 
 def _col(t: torch.Tensor, index: int) -> torch.Tensor:

@@ -58,7 +58,7 @@ class LayerNormLinear(torch.nn.Module):
                 autocast_state.record_module(linear)
                 stored = linear._stored_weight_for(recipe) if linear.stores_fp8_weight else None
                 weight = linear._weight_grad_leaf() if linear.stores_fp8_weight else linear.weight
-                formats = (meta.format_of(LinearTensor.INPUT), meta.format_of(LinearTensor.GRAD_OUTPUT))
+                formats = (meta.format_of(int(LinearTensor.INPUT)), meta.format_of(int(LinearTensor.GRAD_OUTPUT)))
                 return norm_block_fp8_linear(input, self.norm, weight, linear.bias, recipe, formats, self.eps,
                                              isinstance(self.norm, LayerNorm), stored)
             if linear.fp8_fallback or linear.stores_fp8_weight or meta.uses_current_scaling():

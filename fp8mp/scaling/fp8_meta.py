@@ -27,7 +27,11 @@ def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
 
 
 class LinearTensor(enum.IntEnum):
-    """Column of each FP8 tensor of a Linear in its Fp8Meta."""
+    """Column of each FP8 tensor of a Linear in its Fp8Meta.
+
+    Code that torch.compile traces uses the plain ints (``int(LinearTensor.INPUT)``): torch 2.12's dynamo
+    treats an enum member as an opaque value and cannot trace ``LinearTensor.INPUT + 1``.
+    """
 
     INPUT = 0
     WEIGHT = 1
@@ -78,7 +82,7 @@ class Fp8Meta(torch.nn.Module):
                  history_len: int = DEFAULT_HISTORY_LEN):
         super().__init__()
         self.num_tensors = num_tensors
-        self.backward_tensors = backward_tensors
+        self.backward_tensors = tuple(int(i) for i in backward_tensors)  # plain ints: see LinearTensor
         self.recipe: Recipe | None = None
         self._lock = threading.RLock()
         factory = dict(dtype=torch.float32, device=device)

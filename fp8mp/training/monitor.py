@@ -32,7 +32,7 @@ from fp8mp.nn.linear import Linear
 
 __all__ = ["Fp8Monitor", "LayerStep", "attach"]
 
-INPUT, WEIGHT, GRAD = LinearTensor.INPUT, LinearTensor.WEIGHT, LinearTensor.GRAD_OUTPUT
+INPUT, WEIGHT, GRAD = int(LinearTensor.INPUT), int(LinearTensor.WEIGHT), int(LinearTensor.GRAD_OUTPUT)
 
 
 @dataclass(frozen=True)
