@@ -1,5 +1,6 @@
 // CPU implementations of the cast kernels: parallel over chunks, with
-// branch-free inner loops (fp8_format.h) that the compiler vectorizes.
+// branch-free inner loops (fp8_format.h) that the compiler vectorizes, and
+// hand-written AVX-512 ones (encode_avx512.h, the same bits) where the CPU has it.
 #include "cast/cast_cpu_kernels.h"
 
 #include <algorithm>
@@ -8,7 +9,9 @@
 #include <emmintrin.h>
 #endif
 
+#include "cast/encode_avx512.h"
 #include "common/cpu_clones.h"
+#include "common/cpu_features.h"
 #include "common/fp8_decode_table.h"
 
 namespace fp8mp::cpu {
@@ -21,7 +24,8 @@ constexpr int64_t kTileRows = 64;
 constexpr int64_t kTileCols = 512;
 
 template <Fp8Format F, typename scalar_t>
-FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {
+FP8MP_CPU_CLONES uint32_t cast_span_scalar(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n,
+                                           float scale) {
   uint32_t amax_bits = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
@@ -30,6 +34,15 @@ FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __res
     y[i] = encode<F>(v * scale);
   }
   return amax_bits;
+}
+
+// y[i] = encode<F>(float(x[i]) * scale) for n values; returns the amax's bits.
+template <Fp8Format F, typename scalar_t>
+uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {
+#if FP8MP_AVX512_KERNELS
+  if (cpu_features().avx512) return encode_span_avx512<F>(x, y, n, scale);
+#endif
+  return cast_span_scalar<F>(x, y, n, scale);
 }
 
 #if defined(__SSE2__)
@@ -56,7 +69,8 @@ inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst,
   }
 }
 #endif
-constexpr int64_t kBlock = 16;  // the transpose block edge
+constexpr int64_t kBlock = 16;      // the transpose block edge
+constexpr int64_t kWideBlock = 64;  // the columns of an AVX-512 transpose block (16 rows by 64)
 
 // Cast one tile [r0, r1) x [c0, c1) of the row-major (rows x cols) input to y and to its transpose yt.
 template <Fp8Format F, typename scalar_t>
@@ -72,7 +86,18 @@ uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y
   // registers, then the ragged edges byte by byte.
   const uint8_t* tile = y + r0 * cols + c0;
   const int64_t height = r1 - r0, full_rows = height / kBlock * kBlock, full_cols = width / kBlock * kBlock;
-  for (int64_t bc = 0; bc < full_cols; bc += kBlock) {
+  int64_t wide_cols = 0;  // columns done in 16x64 AVX-512 blocks
+#if FP8MP_AVX512_KERNELS
+  if (cpu_features().avx512) {
+    wide_cols = width / kWideBlock * kWideBlock;
+    for (int64_t bc = 0; bc < wide_cols; bc += kWideBlock) {
+      for (int64_t br = 0; br < full_rows; br += kBlock) {
+        transpose16x64_avx512(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
+      }
+    }
+  }
+#endif
+  for (int64_t bc = wide_cols; bc < full_cols; bc += kBlock) {
     for (int64_t br = 0; br < full_rows; br += kBlock) {
       transpose16x16(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
     }

@@ -8,9 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
+#include "common/cpu_features.h"
 
 namespace fp8mp::cpu {
 namespace {
@@ -38,20 +36,6 @@ void mkl_matmul_nt_bf16(const uint16_t* a, const uint16_t* b, float* c, int64_t 
 }
 
 }  // namespace
-
-CpuFeatures cpu_features() {
-  CpuFeatures f{false, false};
-#if defined(__x86_64__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_max(0, nullptr) >= 7) {
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    f.amx_bf16 = (edx >> 22) & 1u;  // CPUID.(7,0):EDX[22]
-    __cpuid_count(7, 1, eax, ebx, ecx, edx);
-    f.avx512_bf16 = (eax >> 5) & 1u;  // CPUID.(7,1):EAX[5]
-  }
-#endif
-  return f;
-}
 
 MatmulNtBf16 find_bf16_matmul() {
   static const MatmulNtBf16 found = []() -> MatmulNtBf16 {

@@ -20,14 +20,6 @@ constexpr int64_t kMaxBf16Dim = (int64_t(1) << 31) - 1;
 // c [rows, n] = a [rows, k] @ b [n, k]^T, bf16 bits in, fp32 out, row-major and contiguous.
 using MatmulNtBf16 = void (*)(const uint16_t* a, const uint16_t* b, float* c, int64_t rows, int64_t n, int64_t k);
 
-struct CpuFeatures {
-  bool avx512_bf16;
-  bool amx_bf16;
-};
-
-// What this CPU reports through cpuid (false for both off x86-64).
-CpuFeatures cpu_features();
-
 // The bf16 GEMM of the process (MKL's, through torch), or nullptr where there is none.
 MatmulNtBf16 find_bf16_matmul();
 
