@@ -70,13 +70,23 @@ inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst,
 }
 #endif
 constexpr int64_t kBlock = 16;      // the transpose block edge
-constexpr int64_t kWideBlock = 64;  // the columns of an AVX-512 transpose block (16 rows by 64)
+constexpr int64_t kWideBlock = 64;  // the edge of an AVX-512 cast-transpose block
 
 // Cast one tile [r0, r1) x [c0, c1) of the row-major (rows x cols) input to y and to its transpose yt.
 template <Fp8Format F, typename scalar_t>
 uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y, uint8_t* __restrict yt, int64_t rows,
                              int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float scale) {
   uint32_t amax_bits = 0;
+#if FP8MP_AVX512_KERNELS
+  // Whole 64x64 blocks in AVX-512, each cast and transposed through registers and a local buffer.
+  if (cpu_features().avx512 && r1 - r0 == kWideBlock) {
+    for (; c0 + kWideBlock <= c1; c0 += kWideBlock) {
+      const uint32_t block_amax = cast_transpose_block64_avx512<F>(x + r0 * cols + c0, cols, y + r0 * cols + c0, cols,
+                                                                   yt + c0 * rows + r0, rows, scale);
+      amax_bits = block_amax > amax_bits ? block_amax : amax_bits;
+    }
+  }
+#endif
   const int64_t width = c1 - c0;
   for (int64_t r = r0; r < r1; ++r) {
     const uint32_t row_amax = cast_span<F>(x + r * cols + c0, y + r * cols + c0, width, scale);
@@ -86,18 +96,7 @@ uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y
   // registers, then the ragged edges byte by byte.
   const uint8_t* tile = y + r0 * cols + c0;
   const int64_t height = r1 - r0, full_rows = height / kBlock * kBlock, full_cols = width / kBlock * kBlock;
-  int64_t wide_cols = 0;  // columns done in 16x64 AVX-512 blocks
-#if FP8MP_AVX512_KERNELS
-  if (cpu_features().avx512) {
-    wide_cols = width / kWideBlock * kWideBlock;
-    for (int64_t bc = 0; bc < wide_cols; bc += kWideBlock) {
-      for (int64_t br = 0; br < full_rows; br += kBlock) {
-        transpose16x64_avx512(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
-      }
-    }
-  }
-#endif
-  for (int64_t bc = wide_cols; bc < full_cols; bc += kBlock) {
+  for (int64_t bc = 0; bc < full_cols; bc += kBlock) {
     for (int64_t br = 0; br < full_rows; br += kBlock) {
       transpose16x16(tile + br * cols + bc, cols, yt + (c0 + bc) * rows + r0 + br, rows);
     }

@@ -1,8 +1,9 @@
 // The AVX-512 encode (csrc/cast/encode_avx512.h) against fp8_format.h's scalar
 // encode<F> on every fp32 bit pattern (with scale 1, which only quiets signaling
 // NaNs, the same in both), every bf16 and fp16 bit pattern with several scales,
-// runs of every length up to 40 (the masked tail), and the amax as bits. And the
-// 16x64 transpose against a byte-by-byte one. Skipped on CPUs without AVX-512.
+// runs of every length up to 140 (64-value steps, then masked 16-value ones),
+// negative and NaN scales, and the amax as bits. And the 16x64 transpose and the
+// 64x64 cast-transpose block against byte-by-byte ones. Skipped on CPUs without AVX-512.
 #define CATCH_CONFIG_PREFIX_ALL
 #include <catch2/catch.hpp>
 
@@ -29,7 +30,12 @@ int64_t first_mismatch(const scalar_t* x, int64_t n, float scale, std::vector<ui
   for (int64_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
     expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
-    if (y[i] != fp8mp::encode<F>(v * scale)) return i;
+    // NaN * NaN is either NaN, by which operand the compiler put first: the sign of the NaN code is unspecified.
+    if (v != v && scale != scale) {
+      if ((y[i] & 0x7F) != fp8mp::kNanCode) return i;
+    } else if (y[i] != fp8mp::encode<F>(v * scale)) {
+      return i;
+    }
   }
   CATCH_REQUIRE(y[n] == 0xAA);
   CATCH_REQUIRE(amax == expected_amax);
@@ -83,14 +89,26 @@ CATCH_TEST_CASE("AVX-512 encode equals the scalar encode on every bf16 and fp16 
 
 CATCH_TEST_CASE("AVX-512 encode handles every run length (the masked tail)", "[encode][avx512]") {
   if (!fp8mp::cpu::cpu_features().avx512) return;
-  std::vector<float> x(40);
+  std::vector<float> x(141);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 2 ? -1.0f : 1.0f) * float(i * i) * 0.37f;
-  x[17] = fp8mp::bits_to_float(0x7FC00001u);  // a NaN in the middle: the amax must see it from any run covering it
+  x[97] = fp8mp::bits_to_float(0xFFC00001u);  // a NaN late in the run: the amax must see it from any run covering it
   std::vector<uint8_t> y;
-  for (int64_t n = 0; n <= int64_t(x.size()); ++n) {
+  for (int64_t n = 0; n < int64_t(x.size()); ++n) {
     CATCH_INFO("n = " << n);
     CATCH_REQUIRE(first_mismatch<Fp8Format::E4M3>(x.data(), n, 2.5f, y) == -1);
-    CATCH_REQUIRE(first_mismatch<Fp8Format::E5M2>(x.data() + 1, std::min<int64_t>(n, 39), 2.5f, y) == -1);
+    CATCH_REQUIRE(first_mismatch<Fp8Format::E5M2>(x.data() + 1, n, 2.5f, y) == -1);
+  }
+}
+
+CATCH_TEST_CASE("AVX-512 encode with negative, zero and NaN scales", "[encode][avx512]") {
+  if (!fp8mp::cpu::cpu_features().avx512) return;
+  std::vector<fp8mp::bf16> x(1 << 16);
+  for (uint32_t b = 0; b < (1u << 16); ++b) x[b].bits = uint16_t(b);
+  std::vector<uint8_t> y;
+  for (float scale : {-1.0f, -3.0e4f, 0.0f, -0.0f, fp8mp::bits_to_float(0x7FC00000u), fp8mp::bits_to_float(0xFF800001u)}) {
+    CATCH_INFO("scale bits 0x" << std::hex << fp8mp::float_to_bits(scale));
+    CATCH_REQUIRE(first_mismatch<Fp8Format::E4M3>(x.data(), int64_t(x.size()), scale, y) == -1);
+    CATCH_REQUIRE(first_mismatch<Fp8Format::E5M2>(x.data(), int64_t(x.size()), scale, y) == -1);
   }
 }
 
@@ -106,5 +124,28 @@ CATCH_TEST_CASE("AVX-512 16x64 transpose equals a byte-by-byte transpose", "[tra
       CATCH_REQUIRE(dst[j * dst_stride + i] == expected);
     }
   }
+}
+
+CATCH_TEST_CASE("AVX-512 64x64 cast-transpose block equals the scalar encode, transposed", "[transpose][avx512]") {
+  if (!fp8mp::cpu::cpu_features().avx512) return;
+  const int64_t x_stride = 75, y_stride = 67, yt_stride = 70;  // unaligned rows, as inside a larger matrix
+  std::vector<fp8mp::fp16> x(64 * x_stride);
+  for (size_t i = 0; i < x.size(); ++i) x[i].bits = uint16_t(i * 2654435761u >> 7);  // every kind of value, NaNs too
+  std::vector<uint8_t> y(64 * y_stride, 0xEE), yt(64 * yt_stride, 0xEE);
+  const uint32_t amax = fp8mp::cpu::cast_transpose_block64_avx512<Fp8Format::E5M2>(
+      x.data(), x_stride, y.data(), y_stride, yt.data(), yt_stride, 0.375f);
+  uint32_t expected_amax = 0;
+  for (int64_t r = 0; r < 64; ++r) {
+    for (int64_t c = 0; c < 64; ++c) {
+      const float v = static_cast<float>(x[r * x_stride + c]);
+      expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
+      const uint8_t code = fp8mp::encode<Fp8Format::E5M2>(v * 0.375f);
+      CATCH_REQUIRE(y[r * y_stride + c] == code);
+      CATCH_REQUIRE(yt[c * yt_stride + r] == code);
+    }
+    for (int64_t c = 64; c < y_stride; ++c) CATCH_REQUIRE(y[r * y_stride + c] == 0xEE);
+    for (int64_t c = 64; c < yt_stride; ++c) CATCH_REQUIRE(yt[r * yt_stride + c] == 0xEE);
+  }
+  CATCH_REQUIRE(amax == expected_amax);
 }
 #endif
