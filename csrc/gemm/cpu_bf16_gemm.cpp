@@ -47,17 +47,29 @@ MatmulNtBf16 find_bf16_matmul() {
 
 GemmPath gemm_path() {
   static const GemmPath path = [] {
-    const bool have_gemm = find_bf16_matmul() != nullptr;
+    const bool have_mkl = find_bf16_matmul() != nullptr;
+    const CpuFeatures& f = cpu_features();
+    const bool have_kernel = FP8MP_AVX512_KERNELS && f.avx512_bf16;
     const char* forced = std::getenv("FP8MP_CPU_GEMM");
     if (forced != nullptr && std::strcmp(forced, "fp32") == 0) return GemmPath::Fp32;
-    if (forced != nullptr && std::strcmp(forced, "bf16") == 0) return have_gemm ? GemmPath::Bf16 : GemmPath::Fp32;
-    const CpuFeatures f = cpu_features();
-    return have_gemm && (f.avx512_bf16 || f.amx_bf16) ? GemmPath::Bf16 : GemmPath::Fp32;
+    if (forced != nullptr && std::strcmp(forced, "bf16") == 0) return have_mkl ? GemmPath::Bf16 : GemmPath::Fp32;
+    if (forced != nullptr && std::strcmp(forced, "avx512bf16") == 0) {
+      return have_kernel ? GemmPath::Avx512Bf16 : GemmPath::Fp32;
+    }
+    if (f.amx_bf16 && have_mkl) return GemmPath::Bf16;
+    if (have_kernel) return GemmPath::Avx512Bf16;
+    return GemmPath::Fp32;
   }();
   return path;
 }
 
-const char* gemm_path_name(GemmPath path) { return path == GemmPath::Bf16 ? "bf16" : "fp32"; }
+const char* gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::Bf16: return "bf16";
+    case GemmPath::Avx512Bf16: return "avx512bf16";
+    default: return "fp32";
+  }
+}
 
 }  // namespace fp8mp::cpu
 
