@@ -30,35 +30,59 @@ namespace {
 constexpr int kRows = 12;                             // rows of a micro-tile: 24 accumulators + 3 registers
 constexpr int kCols = 32;                             // columns of a micro-tile: two registers of 16 fp32
 constexpr int64_t kBlockElements = int64_t(1) << 22;  // values of a packed at once
+constexpr int64_t kL2GroupBytes = int64_t(1) << 18;   // a panels processed together (a quarter of a 1 MiB L2)
 
 int64_t pairs_of(int64_t K) { return (K + 1) / 2; }
 
+// The bf16 bits of 32 FP8 codes, from the 128-entry magnitude table in four registers (vpermt2w
+// looks up 64 entries of two registers; bit 6 of the code picks the pair) and the code's sign bit.
+struct Bf16Decoder {
+  __m512i t0, t1, t2, t3;
+
+  FP8MP_TARGET_AVX512_BF16 explicit Bf16Decoder(const uint16_t* table)
+      : t0(_mm512_loadu_si512(table)),
+        t1(_mm512_loadu_si512(table + 32)),
+        t2(_mm512_loadu_si512(table + 64)),
+        t3(_mm512_loadu_si512(table + 96)) {}
+
+  FP8MP_TARGET_AVX512_BF16 __m512i operator()(__m256i codes) const {
+    const __m512i c = _mm512_cvtepu8_epi16(codes);
+    const __m512i low = _mm512_permutex2var_epi16(t0, c, t1);   // magnitudes 0..63 (index bits 5:0)
+    const __m512i high = _mm512_permutex2var_epi16(t2, c, t3);  // magnitudes 64..127
+    const __m512i magnitude = _mm512_mask_mov_epi16(low, _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), high);
+    // magnitude | ((c << 8) & 0x8000): the sign, in one ternary-logic op (A | (B & C) is 0xF8).
+    return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(c, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xF8);
+  }
+};
+
 // Pack rows [row0, row0 + width) of codes [rows, K] into one panel: panel[p * width + i] = pair p of row row0 + i.
-void pack_panel(const uint8_t* codes, int64_t rows, int64_t K, int64_t row0, int width, const uint16_t* table,
-                uint32_t* panel) {
+// Each row is decoded 32 codes (16 pairs) at a time in registers, then its pairs are stored width words apart.
+FP8MP_TARGET_AVX512_BF16 void pack_panel(const uint8_t* codes, int64_t rows, int64_t K, int64_t row0, int width,
+                                         const Bf16Decoder& decode, uint32_t* panel) {
   const int64_t pairs = pairs_of(K);
+  alignas(64) uint32_t chunk[16];
   for (int i = 0; i < width; ++i) {
     const int64_t row = row0 + i;
-    if (row >= rows) {
-      for (int64_t p = 0; p < pairs; ++p) panel[p * width + i] = 0;
-      continue;
-    }
     const uint8_t* src = codes + row * K;
-    for (int64_t p = 0; p < K / 2; ++p) {
-      panel[p * width + i] = uint32_t(table[src[2 * p]]) | (uint32_t(table[src[2 * p + 1]]) << 16);
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      const int64_t left = row < rows ? std::min<int64_t>(32, K - k0) : 0;  // codes past K (or the matrix) read as 0
+      const __m256i c = _mm256_maskz_loadu_epi8(left >= 32 ? ~__mmask32(0) : __mmask32((1u << left) - 1u), src + k0);
+      // A code 0 decodes to +0 (0x0000): the padding stays zero.
+      _mm512_store_si512(chunk, decode(c));
+      const int64_t p0 = k0 / 2, count = std::min<int64_t>(16, pairs - p0);
+      for (int64_t q = 0; q < count; ++q) panel[(p0 + q) * width + i] = chunk[q];
     }
-    if (K % 2 != 0) panel[(pairs - 1) * width + i] = table[src[K - 1]];
   }
 }
 
 // All panels of rows [row0, row0 + count * width) of codes, in parallel.
-void pack_panels(const uint8_t* codes, int64_t rows, int64_t K, int64_t row0, int64_t count, int width,
-                 Fp8Format format, uint32_t* panels, ParallelFor parallel_for) {
-  const uint16_t* table = bf16_decode_table_for(format);
+FP8MP_TARGET_AVX512_BF16 void pack_panels(const uint8_t* codes, int64_t rows, int64_t K, int64_t row0, int64_t count,
+                                          int width, Fp8Format format, uint32_t* panels, ParallelFor parallel_for) {
+  const Bf16Decoder decode(bf16_decode_table_for(format));
   const int64_t panel_words = pairs_of(K) * width;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, panel_words));
   parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) pack_panel(codes, rows, K, row0 + t * width, width, table, panels + t * panel_words);
+    for (int64_t t = begin; t < end; ++t) pack_panel(codes, rows, K, row0 + t * width, width, decode, panels + t * panel_words);
   });
 }
 
@@ -152,10 +176,15 @@ void fp8_gemm_avx512_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b
   for (int64_t panel0 = 0; panel0 < row_panels_total; panel0 += block_rows_panels) {
     const int64_t row_panels = std::min(block_rows_panels, row_panels_total - panel0);
     pack_panels(a, M, K, panel0 * kRows, row_panels, kRows, a_format, a_packed.get(), parallel_for);
-    // Tiles column-panel-major: consecutive tiles of a task share the b panel, which stays in cache.
+    // Tiles by groups of row panels that fit in L2 together, each group against every b panel: a group's
+    // a panels are read from L2 for every b panel, and each b panel from L3 once per group.
+    const int64_t group = std::min(row_panels, std::max<int64_t>(1, kL2GroupBytes / (pairs * kRows * 4)));
     parallel_for(0, row_panels * col_panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t cp = t / row_panels, rp = t % row_panels;
+        const int64_t group0 = t / (group * col_panels) * group;
+        const int64_t in_group = std::min(group, row_panels - group0);
+        const int64_t u = t - group0 * col_panels;
+        const int64_t cp = u / in_group, rp = group0 + u % in_group;
         const int64_t row = (panel0 + rp) * kRows, col = cp * kCols;
         micro_tile(a_packed.get() + rp * pairs * kRows, b_packed.get() + cp * pairs * kCols, pairs, scale,
                    bias != nullptr ? bias + col : nullptr, out + row * N + col, N,
