@@ -2,8 +2,9 @@
 
 The op ``fp8mp::fp8_gemm`` is declared in csrc/ops.cpp and implemented with
 cuBLASLt on CUDA (csrc/gemm/gemm_cuda_kernels.cu) and as an exact emulation on CPU
-(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32, or to bf16 for MKL's bf16 GEMM where
-the CPU has bf16 matrix units, see cpu_gemm_path); both check their arguments in C++
+(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32, or to bf16 for MKL's bf16 GEMM or
+fp8mp's AVX512-BF16 kernel where the CPU has bf16 matrix units, see cpu_gemm_path); both check
+their arguments in C++
 (csrc/gemm/gemm_checks.cpp: check_fp8_gemm_args).
 """
 from __future__ import annotations
