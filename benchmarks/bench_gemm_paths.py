@@ -1,7 +1,8 @@
-"""fp8_gemm's two CPU paths side by side: FP8 -> fp32 + torch's fp32 GEMM, and FP8 -> bf16 +
-MKL's bf16 x bf16 -> fp32 GEMM (csrc/gemm/cpu_bf16_gemm.h). The path is fixed once per process,
-so each runs in its own subprocess (FP8MP_CPU_GEMM=fp32|bf16), timing torch's fp32 and bf16 mm
-in the same process as peers; the automatic choice is printed too.
+"""fp8_gemm's CPU paths side by side: FP8 -> fp32 + torch's fp32 GEMM, FP8 -> bf16 + MKL's bf16 x
+bf16 -> fp32 GEMM, and fp8mp's AVX512-BF16 kernel (csrc/gemm/cpu_bf16_gemm.h). The path is fixed
+once per process, so each runs in its own subprocess (FP8MP_CPU_GEMM=fp32|bf16|avx512bf16), timing
+torch's fp32 and bf16 mm in the same process as peers; the automatic choice is printed too (a path
+this CPU lacks falls back to fp32, shown in the "forced path" column).
 
     python benchmarks/bench_gemm_paths.py [--sizes 512x1024x1024,2048x2048x2048,4096x1024x1024]
 """
@@ -30,7 +31,7 @@ def run(device: str, sizes: str = DEFAULT_SIZES) -> list[dict]:
     if device != "cpu":
         raise SystemExit("the CPU GEMM paths are CPU only")
     rows = []
-    for path in ("fp32", "bf16"):
+    for path in ("fp32", "bf16", "avx512bf16"):
         result = run_path(path, sizes)
         rows += [dict(r, path=result["path"]) for r in result["rows"]]
     return rows

@@ -4,6 +4,9 @@ CPU peers: torch.nn.Linear in fp32 and bf16, and torchao's Float8Linear with
 emulate=True (torchao's own CPU path for FP8 training). CUDA peers: nn.Linear
 in bf16 and a torch._scaled_mm forward (when a CUDA device and fp8mp's CUDA
 kernels are present). Ratios are peer time / fp8mp time (> 1: fp8mp faster).
+On CPU fp8mp is fed fp32 activations (its "fp8mp ms" column, as the fp32 and
+torchao peers are) and, in the last two columns, the bf16 input and gradient the
+bf16 peer gets.
 
     python benchmarks/bench_linear.py [--device cpu|cuda] [--shapes 4096x1024x1024,8192x2048x2048]
 
@@ -60,6 +63,8 @@ def bench_shape(m: int, k: int, n: int, device: str) -> dict:
     row["fp8mp_ms"] = median_time(fwd_bwd(fp8_layer, x32 if device == "cpu" else x16, g32 if device == "cpu" else g16, fp8=True), device) * 1e3
     if device == "cpu":
         row["fp32_ms"] = median_time(fwd_bwd(base, x32, g32), device) * 1e3
+        # The same layer fed the bf16 input and gradient the bf16 peer gets (activations in bf16, as under autocast).
+        row["fp8mp_bf16_in_ms"] = median_time(fwd_bwd(copy.deepcopy(fp8_layer), x16, g16, fp8=True), device) * 1e3
     row["bf16_ms"] = median_time(fwd_bwd(copy.deepcopy(base).bfloat16(), x16, g16), device) * 1e3
     ao = torchao_emulated(base) if device == "cpu" else None
     row["torchao_emulate_ms"] = median_time(fwd_bwd(ao, x32, g32), device) * 1e3 if ao is not None else float("nan")
@@ -75,6 +80,10 @@ def table(rows: list[dict], device: str) -> str:
     headers = ["M x K x N", "fp8mp ms"] + [f"{n} ms" for n in names] + [f"vs {n}" for n in names]
     cells = [[r["shape"], f"{r['fp8mp_ms']:.1f}"] + [f"{r[p]:.1f}" for p in peers(device)]
              + [f"{r[p] / r['fp8mp_ms']:.2f}x" for p in peers(device)] for r in rows]
+    if device == "cpu":  # fp8mp with bf16 activations against the bf16 layer
+        headers += ["fp8mp bf16-in ms", "bf16-in vs bf16"]
+        for r, row_cells in zip(rows, cells):
+            row_cells += [f"{r['fp8mp_bf16_in_ms']:.1f}", f"{r['bf16_ms'] / r['fp8mp_bf16_in_ms']:.2f}x"]
     return markdown_table(f"fp8mp.nn.Linear forward+backward, {where(device)}", headers, cells)
 
 

@@ -1,5 +1,6 @@
 // CPU implementations of the cast kernels: parallel over chunks, with
-// branch-free inner loops (fp8_format.h) that the compiler vectorizes.
+// branch-free inner loops (fp8_format.h) that the compiler vectorizes, and
+// hand-written AVX-512 ones (encode_avx512.h, the same bits) where the CPU has it.
 #include "cast/cast_cpu_kernels.h"
 
 #include <algorithm>
@@ -8,7 +9,9 @@
 #include <emmintrin.h>
 #endif
 
+#include "cast/encode_avx512.h"
 #include "common/cpu_clones.h"
+#include "common/cpu_features.h"
 #include "common/fp8_decode_table.h"
 
 namespace fp8mp::cpu {
@@ -21,7 +24,8 @@ constexpr int64_t kTileRows = 64;
 constexpr int64_t kTileCols = 512;
 
 template <Fp8Format F, typename scalar_t>
-FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {
+FP8MP_CPU_CLONES uint32_t cast_span_scalar(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n,
+                                           float scale) {
   uint32_t amax_bits = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
@@ -30,6 +34,15 @@ FP8MP_CPU_CLONES uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __res
     y[i] = encode<F>(v * scale);
   }
   return amax_bits;
+}
+
+// y[i] = encode<F>(float(x[i]) * scale) for n values; returns the amax's bits.
+template <Fp8Format F, typename scalar_t>
+uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {
+#if FP8MP_AVX512_KERNELS
+  if (cpu_features().avx512) return encode_span_avx512<F>(x, y, n, scale);
+#endif
+  return cast_span_scalar<F>(x, y, n, scale);
 }
 
 #if defined(__SSE2__)
@@ -56,13 +69,24 @@ inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst,
   }
 }
 #endif
-constexpr int64_t kBlock = 16;  // the transpose block edge
+constexpr int64_t kBlock = 16;      // the transpose block edge
+constexpr int64_t kWideBlock = 64;  // the edge of an AVX-512 cast-transpose block
 
 // Cast one tile [r0, r1) x [c0, c1) of the row-major (rows x cols) input to y and to its transpose yt.
 template <Fp8Format F, typename scalar_t>
 uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y, uint8_t* __restrict yt, int64_t rows,
                              int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float scale) {
   uint32_t amax_bits = 0;
+#if FP8MP_AVX512_KERNELS
+  // Whole 64x64 blocks in AVX-512, each cast and transposed through registers and a local buffer.
+  if (cpu_features().avx512 && r1 - r0 == kWideBlock) {
+    for (; c0 + kWideBlock <= c1; c0 += kWideBlock) {
+      const uint32_t block_amax = cast_transpose_block64_avx512<F>(x + r0 * cols + c0, cols, y + r0 * cols + c0, cols,
+                                                                   yt + c0 * rows + r0, rows, scale);
+      amax_bits = block_amax > amax_bits ? block_amax : amax_bits;
+    }
+  }
+#endif
   const int64_t width = c1 - c0;
   for (int64_t r = r0; r < r1; ++r) {
     const uint32_t row_amax = cast_span<F>(x + r * cols + c0, y + r * cols + c0, width, scale);

@@ -8,9 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
+#include "common/cpu_features.h"
 
 namespace fp8mp::cpu {
 namespace {
@@ -39,20 +37,6 @@ void mkl_matmul_nt_bf16(const uint16_t* a, const uint16_t* b, float* c, int64_t 
 
 }  // namespace
 
-CpuFeatures cpu_features() {
-  CpuFeatures f{false, false};
-#if defined(__x86_64__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_max(0, nullptr) >= 7) {
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    f.amx_bf16 = (edx >> 22) & 1u;  // CPUID.(7,0):EDX[22]
-    __cpuid_count(7, 1, eax, ebx, ecx, edx);
-    f.avx512_bf16 = (eax >> 5) & 1u;  // CPUID.(7,1):EAX[5]
-  }
-#endif
-  return f;
-}
-
 MatmulNtBf16 find_bf16_matmul() {
   static const MatmulNtBf16 found = []() -> MatmulNtBf16 {
     cblas_bf16 = reinterpret_cast<CblasGemmBf16Lp64>(find_symbol("cblas_gemm_bf16bf16f32"));
@@ -63,17 +47,29 @@ MatmulNtBf16 find_bf16_matmul() {
 
 GemmPath gemm_path() {
   static const GemmPath path = [] {
-    const bool have_gemm = find_bf16_matmul() != nullptr;
+    const bool have_mkl = find_bf16_matmul() != nullptr;
+    const CpuFeatures& f = cpu_features();
+    const bool have_kernel = FP8MP_AVX512_KERNELS && f.avx512_bf16;
     const char* forced = std::getenv("FP8MP_CPU_GEMM");
     if (forced != nullptr && std::strcmp(forced, "fp32") == 0) return GemmPath::Fp32;
-    if (forced != nullptr && std::strcmp(forced, "bf16") == 0) return have_gemm ? GemmPath::Bf16 : GemmPath::Fp32;
-    const CpuFeatures f = cpu_features();
-    return have_gemm && (f.avx512_bf16 || f.amx_bf16) ? GemmPath::Bf16 : GemmPath::Fp32;
+    if (forced != nullptr && std::strcmp(forced, "bf16") == 0) return have_mkl ? GemmPath::Bf16 : GemmPath::Fp32;
+    if (forced != nullptr && std::strcmp(forced, "avx512bf16") == 0) {
+      return have_kernel ? GemmPath::Avx512Bf16 : GemmPath::Fp32;
+    }
+    if (f.amx_bf16 && have_mkl) return GemmPath::Bf16;
+    if (have_kernel) return GemmPath::Avx512Bf16;
+    return GemmPath::Fp32;
   }();
   return path;
 }
 
-const char* gemm_path_name(GemmPath path) { return path == GemmPath::Bf16 ? "bf16" : "fp32"; }
+const char* gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::Bf16: return "bf16";
+    case GemmPath::Avx512Bf16: return "avx512bf16";
+    default: return "fp32";
+  }
+}
 
 }  // namespace fp8mp::cpu
 

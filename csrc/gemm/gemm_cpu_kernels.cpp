@@ -13,7 +13,8 @@
 //
 // Where the CPU has bf16 matrix units (cpu_bf16_gemm.h decides, once), the
 // codes are decoded to bf16 instead - exact too - and multiplied by MKL's
-// bf16 x bf16 -> fp32 GEMM: the same exact products and fp32 sums.
+// bf16 x bf16 -> fp32 GEMM (AMX) or by fp8mp's own AVX512-BF16 kernel
+// (bf16_gemm_avx512.h): the same exact products and fp32 sums.
 //
 // b (the weight, [N, K]) is decoded once per call; a is decoded in row blocks
 // of about kBlockElements values, so the decoded copy of a never exceeds that
@@ -21,10 +22,10 @@
 #include "gemm/gemm_cpu_kernels.h"
 
 #include <algorithm>
-#include <array>
 #include <memory>
 
 #include "common/fp8_decode_table.h"
+#include "gemm/bf16_gemm_avx512.h"
 #include "gemm/cpu_bf16_gemm.h"
 
 namespace fp8mp::cpu {
@@ -33,20 +34,8 @@ namespace {
 constexpr int64_t kGrain = 1 << 15;                   // codes per parallel decode task
 constexpr int64_t kBlockElements = int64_t(1) << 22;  // values of a decoded at once (16 MiB as fp32)
 
-// The bf16 bits of every FP8 value: the upper half of its fp32 bits, exactly (3 or 2 mantissa bits fit in 7).
-const uint16_t* bf16_table_for(Fp8Format format) {
-  static const auto make = [](Fp8Format f) {
-    std::array<uint16_t, 256> t{};
-    const float* fp32 = decode_table_for(f);
-    for (int code = 0; code < 256; ++code) t[code] = uint16_t(float_to_bits(fp32[code]) >> 16);
-    return t;
-  };
-  static const std::array<uint16_t, 256> e4m3 = make(Fp8Format::E4M3), e5m2 = make(Fp8Format::E5M2);
-  return format == Fp8Format::E4M3 ? e4m3.data() : e5m2.data();
-}
-
 const float* table_for(Fp8Format format, float*) { return decode_table_for(format); }
-const uint16_t* table_for(Fp8Format format, uint16_t*) { return bf16_table_for(format); }
+const uint16_t* table_for(Fp8Format format, uint16_t*) { return bf16_decode_table_for(format); }
 
 // Decode n contiguous FP8 codes to fp32 or bf16 bits.
 template <typename T>
@@ -108,6 +97,12 @@ void fp8_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format 
       }
       return;
     }
+#if FP8MP_AVX512_KERNELS
+    if (gemm_path() == GemmPath::Avx512Bf16) {
+      fp8_gemm_avx512_bf16(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, parallel_for);
+      return;
+    }
+#endif
     if (gemm_path() == GemmPath::Bf16 && N <= kMaxBf16Dim && K <= kMaxBf16Dim) {
       blocked_gemm<uint16_t>(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, *find_bf16_matmul(),
                              parallel_for);

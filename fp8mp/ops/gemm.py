@@ -2,8 +2,9 @@
 
 The op ``fp8mp::fp8_gemm`` is declared in csrc/ops.cpp and implemented with
 cuBLASLt on CUDA (csrc/gemm/gemm_cuda_kernels.cu) and as an exact emulation on CPU
-(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32, or to bf16 for MKL's bf16 GEMM where
-the CPU has bf16 matrix units, see cpu_gemm_path); both check their arguments in C++
+(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32, or to bf16 for MKL's bf16 GEMM or
+fp8mp's AVX512-BF16 kernel where the CPU has bf16 matrix units, see cpu_gemm_path); both check
+their arguments in C++
 (csrc/gemm/gemm_checks.cpp: check_fp8_gemm_args).
 """
 from __future__ import annotations
@@ -68,10 +69,11 @@ def fp8_gemm(
 @functools.cache
 def cpu_gemm_path() -> str:
     """The CPU path of fp8_gemm in this process, decided once (csrc/gemm/cpu_bf16_gemm.h):
-    ``"bf16"`` (FP8 decoded to bf16, MKL's bf16 x bf16 -> fp32 GEMM; chosen where the CPU has
-    AVX512-BF16 or AMX-BF16) or ``"fp32"`` (decoded to fp32, torch's fp32 GEMM). Both form every
-    product exactly and sum in fp32. The environment variable FP8MP_CPU_GEMM=fp32|bf16, read at
-    the first CPU fp8_gemm, forces one."""
+    ``"avx512bf16"`` (fp8mp's own AVX512-BF16 kernel, decoding FP8 to bf16 while it packs; chosen
+    where the CPU has AVX512-BF16 but no AMX), ``"bf16"`` (FP8 decoded to bf16, MKL's bf16 x bf16
+    -> fp32 GEMM; chosen where the CPU has AMX-BF16) or ``"fp32"`` (decoded to fp32, torch's fp32
+    GEMM; elsewhere). All form every product exactly and sum in fp32. The environment variable
+    FP8MP_CPU_GEMM=fp32|bf16|avx512bf16, read at the first CPU fp8_gemm, forces one."""
     query = ctypes.CDLL(native._library("_C")).fp8mp_cpu_gemm_path
     query.restype = ctypes.c_char_p
     return query().decode()

@@ -11,7 +11,7 @@ from fp8mp.ops import cpu_gemm_path
 
 
 def cases() -> dict:
-    """name -> (a, b): random, all-max, cancelling signs, long K, integer-valued (order-free) operands."""
+    """name -> (a, b): random, all-max, cancelling signs, long K, integer-valued (order-free), ragged operands."""
     gen = torch.Generator().manual_seed(17)
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
     k_long = 16384
@@ -26,6 +26,8 @@ def cases() -> dict:
         "integers": (torch.randint(-8, 9, (70, 4096), generator=gen).float().to(e4m3),
                      torch.randint(-8, 9, (20, 4096), generator=gen).float().to(e4m3)),
         "many_rows": (torch.randn(2100, 4096, generator=gen).to(e4m3), torch.randn(8, 4096, generator=gen).to(e4m3)),
+        # Neither M, N nor K a multiple of the AVX512-BF16 kernel's tile (12 x 32, K in pairs): padded edges.
+        "ragged": ((torch.randn(13, 333, generator=gen) * 3).to(e5m2), torch.randn(45, 333, generator=gen).to(e4m3)),
     }
 
 

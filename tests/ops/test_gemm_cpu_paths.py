@@ -1,8 +1,9 @@
-"""fp8_gemm's two CPU paths (csrc/gemm/cpu_bf16_gemm.h): FP8 -> fp32 with torch's fp32 GEMM, and
-FP8 -> bf16 with MKL's bf16 x bf16 -> fp32 GEMM. Each is forced in a subprocess (the path is
-decided once per process) and checked against float64 products of ml_dtypes-decoded operands:
-exactly where every order of additions gives the same fp32 sum, else within the fp32
-accumulation bound; and the automatic choice follows the CPU's bf16 matrix units."""
+"""fp8_gemm's CPU paths (csrc/gemm/cpu_bf16_gemm.h): FP8 -> fp32 with torch's fp32 GEMM, FP8 ->
+bf16 with MKL's bf16 x bf16 -> fp32 GEMM, and fp8mp's AVX512-BF16 kernel. Each is forced in a
+subprocess (the path is decided once per process) and checked against float64 products of
+ml_dtypes-decoded operands: exactly where every order of additions gives the same fp32 sum, else
+within the fp32 accumulation bound, and no worse than the fp32 path's own error; and the
+automatic choice follows the CPU's bf16 matrix units."""
 from __future__ import annotations
 
 import ctypes
@@ -36,7 +37,21 @@ def bf16_gemm_in_process() -> bool:
     return hasattr(libtorch_cpu, "cblas_gemm_bf16bf16f32")
 
 
-@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def expected_path(forced: str | None) -> str:
+    """The path cpu_bf16_gemm.h's gemm_path() takes on this CPU, forced or not."""
+    flags = cpu_flags()
+    if forced == "fp32":
+        return "fp32"
+    if forced == "bf16":
+        return "bf16" if bf16_gemm_in_process() else "fp32"
+    if forced == "avx512bf16":
+        return "avx512bf16" if "avx512_bf16" in flags else "fp32"
+    if "amx_bf16" in flags and bf16_gemm_in_process():
+        return "bf16"
+    return "avx512bf16" if "avx512_bf16" in flags else "fp32"
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16", "avx512bf16"])
 def forced(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("gemm_path") / f"{request.param}.pt"
     env = dict(os.environ, FP8MP_CPU_GEMM=request.param)
@@ -55,10 +70,17 @@ def reference(case) -> tuple[np.ndarray, np.ndarray]:
     return a @ b.T, np.abs(a) @ np.abs(b).T
 
 
+@pytest.fixture(scope="module")
+def fp32_path_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gemm_path") / "fp32_reference.pt"
+    env = dict(os.environ, FP8MP_CPU_GEMM="fp32", PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, str(WORKER), str(out)], env=env, check=True, timeout=600)
+    return torch.load(out)
+
+
 def test_the_forced_path_is_taken(forced):
     path, results = forced
-    want_bf16 = path == "bf16" and bf16_gemm_in_process()
-    assert results["path"] == ("bf16" if want_bf16 else "fp32")
+    assert results["path"] == expected_path(path)
 
 
 @pytest.mark.parametrize("name", ["integers", "all_max", "cancelling"])
@@ -69,7 +91,7 @@ def test_exact_where_every_order_agrees(forced, name):
     np.testing.assert_array_equal(case[4].double().numpy(), ref)
 
 
-@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows"])
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged"])
 def test_within_fp32_accumulation_bound(forced, name):
     case = forced[1]["cases"][name]
     ref, abs_sum = reference(case)
@@ -77,8 +99,17 @@ def test_within_fp32_accumulation_bound(forced, name):
     assert (err <= FP32_ACC_RTOL * abs_sum).all(), f"max error {err.max()!r}, bound {FP32_ACC_RTOL * abs_sum.max()!r}"
 
 
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged"])
+def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
+    """The bf16 paths sum the same exact products in another order: their error against float64 is the
+    fp32 emulation's size (max and mean within a factor of 2 of it, and within its bound above)."""
+    ref, _ = reference(forced[1]["cases"][name])
+    err = np.abs(forced[1]["cases"][name][4].double().numpy() - ref)
+    err_fp32 = np.abs(fp32_path_results["cases"][name][4].double().numpy() - ref)
+    assert err.max() <= 2 * err_fp32.max() and err.mean() <= 2 * err_fp32.mean(), (err.max(), err_fp32.max())
+
+
 def test_automatic_choice_follows_bf16_matrix_units():
     if os.environ.get("FP8MP_CPU_GEMM"):
         pytest.skip("FP8MP_CPU_GEMM set for this process")
-    has_units = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-    assert cpu_gemm_path() == ("bf16" if has_units and bf16_gemm_in_process() else "fp32")
+    assert cpu_gemm_path() == expected_path(None)

@@ -1,0 +1,35 @@
+// AVX-512 versions of the CPU cast's inner pieces: the FP8 encode of a run of
+// values with its amax, the cast and transpose of a 64x64 block, and the
+// transpose of 16x64 bytes they use. They give exactly
+// the bits of the scalar code (fp8_format.h's encode<F>, a byte-by-byte
+// transpose); tests/cpp/test_encode_avx512.cpp checks the encode on every
+// fp32, bf16 and fp16 bit pattern. Call them only where cpu_features().avx512.
+#pragma once
+
+#include <cstdint>
+
+#include "common/cpu_features.h"
+#include "common/fp8_format.h"
+#include "common/half_types.h"
+
+namespace fp8mp::cpu {
+
+#if FP8MP_AVX512_KERNELS
+// y[i] = encode<F>(float(x[i]) * scale) for n values; returns the max over i of float(x[i])'s bits
+// without the sign (the amax as bits: NaN above Inf above every finite value).
+template <Fp8Format F, typename scalar_t>
+FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, int64_t n, float scale);
+
+// One 64x64 block of cast_to_fp8_transpose: y[r * y_stride + c] = yt[c * yt_stride + r] =
+// encode<F>(float(x[r * x_stride + c]) * scale) for r, c < 64; returns the amax's bits. Through a
+// local buffer, so that every store to y and yt is a whole 64-byte row of the block.
+template <Fp8Format F, typename scalar_t>
+FP8MP_TARGET_AVX512 uint32_t cast_transpose_block64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
+                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                           float scale);
+
+// dst[j * dst_stride + i] = src[i * src_stride + j] for i < 16, j < 64.
+FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride);
+#endif
+
+}  // namespace fp8mp::cpu
