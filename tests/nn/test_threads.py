@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fp8mp
+from fp8mp.scaling.autocast import take_unchecked_modules
 from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling
 
 CALLS = 24
@@ -110,13 +111,20 @@ def test_one_model_in_and_out_of_fp8_in_two_threads_at_once_equals_serial(compil
     recipe = DelayedScaling(amax_history_len=4)
     serial_model, threaded_model = make_model(), make_model()
     serial_prepared, threaded_prepared = prepare(serial_model), prepare(threaded_model)
-    # Compile both graphs (in and out of FP8) in this thread first, the same calls for both models so that
-    # their scaling state stays equal: torch 2.11's dynamo cannot trace in two threads at once (its "FX is
-    # tracing" flag is process-wide, so the other thread's compile fails). What this test is about is fp8mp's
-    # state under threads running the model, compiled or not; compiling itself is torch's business.
-    for model in (serial_prepared, threaded_prepared):
-        calls(model, inputs(3, 2), recipe, [])()
-        calls(model, inputs(4, 2), None, [])()
+    # Compile every graph in this thread first, the same calls for both models so that their scaling state
+    # stays equal. Dynamo cannot compile in one thread while another runs a compiled module (make_fx patches
+    # nn.Module.__call__ process-wide: "Detected that you are using FX to symbolically trace a dynamo-optimized
+    # function", torch 2.11 and 2.12), and torch 2.11 crashes compiling outside the main thread. The guards see
+    # the per-thread list of modules the loss scaler has still to check (empty in a new thread, and its length),
+    # so each warm-up starts from an empty one, as a new thread does; and twice, because a model's first FP8
+    # call compiles with the amax history at its default length (the recipe sets it during that call).
+    # What this test is about is fp8mp's state under threads running the model; compiling is torch's business.
+    for _ in range(2):
+        for model in (serial_prepared, threaded_prepared):
+            for xs, warm_recipe in ((inputs(3, 2), recipe), (inputs(4, 2), None)):
+                take_unchecked_modules()
+                calls(model, xs, warm_recipe, [])()
+    take_unchecked_modules()
     serial = {"fp8": [], "high": []}
     calls(serial_prepared, inputs(1), recipe, serial["fp8"])()
     calls(serial_prepared, inputs(2), None, serial["high"])()
