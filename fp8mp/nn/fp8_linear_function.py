@@ -29,12 +29,10 @@ import torch
 from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
 from fp8mp.nn.block_linear_function import block_linear
-from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor, fold_amax_
+from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
-
-INPUT, WEIGHT, GRAD = int(LinearTensor.INPUT), int(LinearTensor.WEIGHT), int(LinearTensor.GRAD_OUTPUT)  # traced: ints
 
 
 def _col(t: torch.Tensor, index: int) -> torch.Tensor:

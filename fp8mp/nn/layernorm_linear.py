@@ -5,7 +5,7 @@ import torch
 
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn.norm_linear_function import norm_block_fp8_linear, norm_fp8_linear
-from fp8mp.scaling.fp8_meta import LinearTensor
+from fp8mp.scaling.fp8_meta import GRAD, INPUT
 from fp8mp.scaling.recipe import BlockScaling, MXFP8Scaling
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
@@ -58,7 +58,7 @@ class LayerNormLinear(torch.nn.Module):
                 autocast_state.record_module(linear)
                 stored = linear._stored_weight_for(recipe) if linear.stores_fp8_weight else None
                 weight = linear._weight_grad_leaf() if linear.stores_fp8_weight else linear.weight
-                formats = (meta.format_of(int(LinearTensor.INPUT)), meta.format_of(int(LinearTensor.GRAD_OUTPUT)))
+                formats = (meta.format_of(INPUT), meta.format_of(GRAD))
                 return norm_block_fp8_linear(input, self.norm, weight, linear.bias, recipe, formats, self.eps,
                                              isinstance(self.norm, LayerNorm), stored)
             if linear.fp8_fallback or linear.stores_fp8_weight or meta.uses_current_scaling():

@@ -29,13 +29,16 @@ def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
 class LinearTensor(enum.IntEnum):
     """Column of each FP8 tensor of a Linear in its Fp8Meta.
 
-    Code that torch.compile traces uses the plain ints (``int(LinearTensor.INPUT)``): torch 2.12's dynamo
+    Code that torch.compile traces uses the plain ints below (INPUT, WEIGHT, GRAD): torch 2.12's dynamo
     treats an enum member as an opaque value and cannot trace ``LinearTensor.INPUT + 1``.
     """
 
     INPUT = 0
     WEIGHT = 1
     GRAD_OUTPUT = 2
+
+
+INPUT, WEIGHT, GRAD = int(LinearTensor.INPUT), int(LinearTensor.WEIGHT), int(LinearTensor.GRAD_OUTPUT)
 
 
 # A fresh module's history length: the default recipe's, the one most checkpoints are saved with.

@@ -26,13 +26,11 @@ import torch
 
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.training.cast_stats import CastCounts, count_cast_losses
-from fp8mp.scaling.fp8_meta import LinearTensor
+from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT
 from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.linear import Linear
 
 __all__ = ["Fp8Monitor", "LayerStep", "attach"]
-
-INPUT, WEIGHT, GRAD = int(LinearTensor.INPUT), int(LinearTensor.WEIGHT), int(LinearTensor.GRAD_OUTPUT)
 
 
 @dataclass(frozen=True)
