@@ -7,19 +7,10 @@
 #include "blockwise/blockwise_checks.h"
 #include "blockwise/blockwise_cpu_kernels.h"
 #include "common/stable.h"
+#include "common/torch_fp32_matmul.h"
 
 namespace fp8mp {
 namespace {
-
-// c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T in fp32, through torch's matmul (IEEE fp32
-// unless the user lowered torch's fp32 matmul precision).
-void torch_bmm_nt_fp32(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k) {
-  const Device cpu(torch::headeronly::DeviceType::CPU);
-  const Tensor a_t = torch::stable::from_blob(const_cast<float*>(a), {batch, rows, k}, {rows * k, k, 1}, cpu, kFloat);
-  const Tensor b_t = torch::stable::from_blob(const_cast<float*>(b), {batch, n, k}, {n * k, k, 1}, cpu, kFloat);
-  Tensor c_t = torch::stable::from_blob(c, {batch, rows, n}, {rows * n, n, 1}, cpu, kFloat);
-  torch::stable::copy_(c_t, torch::stable::matmul(a_t, torch::stable::transpose(b_t, 1, 2)));
-}
 
 std::tuple<Tensor, Tensor> block_quantize_cpu(Tensor x, int64_t block_rows, int64_t block_cols, std::string fmt,
                                               std::string scale_mode) {

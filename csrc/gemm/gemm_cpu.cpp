@@ -4,8 +4,9 @@
 //
 // The fp32 GEMM is oneDNN's inner product (torch's mkldnn::_linear_pointwise,
 // which takes b as [N, K] as it is, called through the stable dispatcher
-// shim), about twice as fast as aten::mm's MKL sgemm on AMD CPUs; aten::mm
-// where torch lacks oneDNN. Both are IEEE fp32 unless the user lowered torch's
+// shim), about twice as fast as aten::mm's MKL sgemm on AMD CPUs; aten::bmm.out
+// where torch lacks oneDNN (torch_fp32_matmul.h; torch.autocast has a kernel for
+// neither op, so an FP8 GEMM under autocast stays fp32). Both are IEEE fp32 unless the user lowered torch's
 // fp32 matmul precision. `use_fast_accum` selects a less precise accumulation
 // inside Hopper's tensor cores; there is nothing to emulate on CPU, so it is
 // accepted and ignored here.
@@ -14,6 +15,7 @@
 #include <optional>
 
 #include "common/stable.h"
+#include "common/torch_fp32_matmul.h"
 #include "gemm/gemm_checks.h"
 #include "gemm/gemm_cpu_kernels.h"
 
@@ -43,7 +45,8 @@ void torch_matmul_nt_fp32(const float* a, const float* b, float* c, int64_t rows
   std::optional<Tensor> product = use_onednn.load() ? onednn_linear(a_t, b_t) : std::nullopt;
   if (!product.has_value()) {
     use_onednn.store(false);
-    product = torch::stable::matmul(a_t, torch::stable::transpose(b_t, 0, 1));
+    torch_bmm_nt_fp32(a, b, c, 1, rows, n, k);
+    return;
   }
   torch::stable::copy_(c_t, *product);
 }

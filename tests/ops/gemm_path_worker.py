@@ -1,5 +1,6 @@
 """Runs fp8_gemm on the CPU path that FP8MP_CPU_GEMM forces (set by test_gemm_cpu_paths.py) and saves
-the operands' codes, the outputs and the path the process took, for the parent test to check."""
+the operands' codes, the outputs and the path the process took, for the parent test to check; also the
+outputs (and a block_scaled_gemm's) under torch.autocast and under a lowered fp32 matmul precision."""
 from __future__ import annotations
 
 import sys
@@ -31,12 +32,44 @@ def cases() -> dict:
     }
 
 
+def user_state() -> tuple:
+    """The global torch settings a user owns that a CPU GEMM could read (fp8mp must neither read nor change them)."""
+    return (torch.get_float32_matmul_precision(), torch.backends.mkldnn.matmul.fp32_precision,
+            torch.is_autocast_enabled("cpu"), torch.get_num_threads())
+
+
+def gemms(one: torch.Tensor, operands: dict) -> dict:
+    """fp8_gemm of every case, and block_scaled_gemm (1x128 blocks, the K chunks through torch's fp32 GEMM) of one."""
+    out = {name: fp8mp.fp8_gemm(a, one, b, one, out_dtype=torch.float32) for name, (a, b) in operands.items()}
+    a, b = operands["random_e4m3"]
+    (a_q, a_s), (b_q, b_s) = (fp8mp.ops.block_quantize(t.float(), 1, 128) for t in (a, b))
+    out["block_scaled"] = fp8mp.ops.block_scaled_gemm(a_q, a_s, b_q, b_s, 1, 1, 128, out_dtype=torch.float32)
+    return out
+
+
 def main(out_path: str) -> None:
     one = torch.ones(1)
+    operands = cases()
     results = {"path": cpu_gemm_path(), "cases": {}}
-    for name, (a, b) in cases().items():
-        out = fp8mp.fp8_gemm(a, one, b, one, out_dtype=torch.float32)
-        results["cases"][name] = (a.view(torch.uint8), str(a.dtype), b.view(torch.uint8), str(b.dtype), out)
+    plain = gemms(one, operands)
+    for name, (a, b) in operands.items():
+        results["cases"][name] = (a.view(torch.uint8), str(a.dtype), b.view(torch.uint8), str(b.dtype), plain[name])
+    results["block_scaled"] = plain["block_scaled"]
+    # The same GEMMs under the user's torch.autocast(cpu, bf16), then with the fp32 matmul precision lowered
+    # to bf16 (which changes torch's own fp32 mm on a CPU with bf16 units): the outputs must not change.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        state = user_state()
+        results["under_autocast"] = gemms(one, operands)
+        results["autocast_state_kept"] = user_state() == state
+    before = user_state()
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    state = user_state()
+    results["under_low_precision"] = gemms(one, operands)
+    results["low_precision_state_kept"] = user_state() == state
+    torch.set_float32_matmul_precision(before[0])
+    torch.backends.mkldnn.matmul.fp32_precision = before[1]
+    results["plain"] = plain
     torch.save(results, out_path)
 
 

@@ -109,6 +109,17 @@ def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
     assert err.max() <= 2 * err_fp32.max() and err.mean() <= 2 * err_fp32.mean(), (err.max(), err_fp32.max())
 
 
+@pytest.mark.parametrize("setting", ["under_autocast", "under_low_precision"])
+def test_user_torch_state_changes_nothing(forced, setting):
+    """fp8mp's CPU GEMMs give the same bits under the user's torch.autocast(cpu, bf16) or a lowered fp32
+    matmul precision (both change torch's own fp32 matmul), and leave those settings as they were. A matmul
+    called inside an op runs under the caller's autocast: block_scaled_gemm's K chunks once came back in bf16."""
+    results = forced[1]
+    assert results[f"{setting.removeprefix('under_')}_state_kept"]
+    for name, out in results["plain"].items():
+        assert torch.equal(results[setting][name], out), name
+
+
 def test_automatic_choice_follows_bf16_matrix_units():
     if os.environ.get("FP8MP_CPU_GEMM"):
         pytest.skip("FP8MP_CPU_GEMM set for this process")
