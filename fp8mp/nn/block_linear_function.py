@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose, block_scaled_gemm
 from fp8mp.scaling.recipe import BlockRecipe
 
@@ -84,19 +85,21 @@ def stored_weight_operands(recipe: BlockRecipe, w_data, w_scale_inv, w_t_data=No
 
 class BlockLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, recipe, formats, stored_weight=None, fp8_input=None):
+    def forward(ctx, x2d, weight, bias, recipe, formats, stored_weight=None, fp8_input=None, out_dtype=None):
         """x2d [M,K], weight [N,K] (may be a transposed view); formats: (forward, backward) op format strings.
 
         stored_weight: None, or the (w_q, w_t_q) of a weight stored in FP8 (`stored_weight_operands`),
         used as it is; `weight` then only receives the weight gradient (the FP32 master, or None).
         fp8_input: None, or (x_q, x_t_q) as `_quantize_both(x2d)` would give them, written by a fused
         norm (fp8mp/nn/norm_linear_function.py); `x2d` then only routes the input gradient.
+        out_dtype: the output's dtype (output_dtype.py; None: x2d's); the input gradient has x2d's.
         """
+        out_dtype = x2d.dtype if out_dtype is None else out_dtype
         forward_format, backward_format = formats
         x_q, x_t_q = _quantize_both(x2d, recipe, forward_format) if fp8_input is None else fp8_input
         w_q, w_t_q = quantize_weight(weight, recipe, forward_format) if stored_weight is None else stored_weight
-        out_bias = bias.to(x2d.dtype) if bias is not None else None
-        out = _gemm(x_q, w_q, x2d.dtype, out_bias)
+        out_bias = bias.to(out_dtype) if bias is not None else None
+        out = _gemm(x_q, w_q, out_dtype, out_bias)
         ctx.transpose_weight = w_t_q is None  # square blocks: backward transposes fprop's weight (bytes and scales)
         w_saved = w_q if w_t_q is None else w_t_q
         ctx.save_for_backward(x_t_q[0], x_t_q[1], w_saved[0], w_saved[1])
@@ -128,7 +131,7 @@ class BlockLinearFunction(torch.autograd.Function):
             grad_w = _gemm(g_t_q, x_t_q, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 def block_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, recipe: BlockRecipe,
@@ -140,5 +143,5 @@ def block_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tenso
     """
     x2d = x.reshape(-1, x.shape[-1])
     w_nk = weight.t() if weight_in_out and weight is not None else weight
-    out = BlockLinearFunction.apply(x2d, w_nk, bias, recipe, formats, stored_weight)
+    out = BlockLinearFunction.apply(x2d, w_nk, bias, recipe, formats, stored_weight, None, output_dtype(x))
     return out.reshape(*x.shape[:-1], out.shape[-1])

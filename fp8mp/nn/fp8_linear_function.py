@@ -29,6 +29,7 @@ import torch
 from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
 from fp8mp.nn.block_linear_function import block_linear
+from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose
@@ -42,7 +43,8 @@ def _col(t: torch.Tensor, index: int) -> torch.Tensor:
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, meta_step_amax, formats, grad_scale_fn,
-                lock, fp8_weight=None, fp8_input=None, weight_in_out=False, fast_accum=(True, False, False)):
+                lock, fp8_weight=None, fp8_input=None, weight_in_out=False, fast_accum=(True, False, False),
+                out_dtype=None):
         """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
 
         meta_step_amax: Fp8Meta.step_amax, into which every cast's amax is folded (the step's
@@ -58,7 +60,9 @@ class Fp8LinearFunction(torch.autograd.Function):
         fp8mp/nn/norm_linear_function.py); `x2d` then only routes the input gradient.
         weight_in_out: `weight` is [K,N] (Conv1D) instead of [N,K]; not with fp8_weight.
         fast_accum: (fprop, dgrad, wgrad) use_fast_accum of the three GEMMs (recipe.gemm_fast_accum).
+        out_dtype: the output's dtype (output_dtype.py; None: x2d's); the input gradient has x2d's.
         """
+        out_dtype = x2d.dtype if out_dtype is None else out_dtype
         forward_format, backward_format = formats
         if fp8_input is None:
             x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, _col(meta_scale, INPUT), _col(meta_amax, INPUT), forward_format)
@@ -76,8 +80,8 @@ class Fp8LinearFunction(torch.autograd.Function):
         if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
             written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
             fold_amax_(meta_step_amax[:written], meta_amax[:written])
-        out_bias = bias.to(x2d.dtype) if bias is not None else None
-        out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, x2d.dtype,
+        out_bias = bias.to(out_dtype) if bias is not None else None
+        out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, out_dtype,
                        fast_accum[0])
         ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
         # The scaling buffers are state, read and written in place by backward, not saved values: a module
@@ -120,7 +124,7 @@ class Fp8LinearFunction(torch.autograd.Function):
                               wgrad_fast)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def step_amax_to_fold(meta: Fp8Meta) -> torch.Tensor | None:
@@ -169,7 +173,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     formats = (meta.format_of(INPUT), meta.format_of(GRAD))
     out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
                                   formats, grad_scale_fn, meta.backward_lock(), fp8_weight, None, weight_in_out,
-                                  gemm_fast_accum(meta.recipe))
+                                  gemm_fast_accum(meta.recipe), output_dtype(x))
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

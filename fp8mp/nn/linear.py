@@ -22,8 +22,9 @@ class Linear(torch.nn.Linear):
     Same constructor, parameters and state_dict keys as `torch.nn.Linear`, so its checkpoints load
     as they are. In FP8, input and weight are cast to the recipe's forward format (E4M3), the
     gradient of the output to its backward format (E5M2 for Format.HYBRID), and all three GEMMs
-    (fprop, dgrad, wgrad) run in FP8 with fp32 accumulation. The output has the input's dtype; the
-    weight gradient has the weight's dtype.
+    (fprop, dgrad, wgrad) run in FP8 with fp32 accumulation. The output has the input's dtype, or
+    under `torch.autocast` autocast's dtype, as nn.Linear's output does (fp8mp/nn/output_dtype.py);
+    the input gradient has the input's dtype, the weight gradient the weight's.
 
     fp8_weight=True (default: True inside `fp8mp.fp8_model_init()`) stores the weight in FP8
     (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), trained through FP32

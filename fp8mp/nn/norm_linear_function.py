@@ -20,6 +20,7 @@ from fp8mp.ops import norm as norm_ops
 from fp8mp.scaling.fp8_meta import Fp8Meta
 from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
 from fp8mp.nn.block_linear_function import BlockLinearFunction, block_linear, both_blocks
+from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.nn.fp8_linear_function import INPUT, GRAD, Fp8LinearFunction, prepare_scales, step_amax_to_fold
 
 
@@ -101,7 +102,7 @@ def norm_block_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.
     data, scale_inv, data_t, scale_inv_t, route = NormToBlockFp8.apply(
         x2d, norm.weight, getattr(norm, "bias", None), eps, norm.zero_centered_gamma, is_layernorm, recipe, formats[0])
     fp8_input = ((data, scale_inv, 1, row_block), (data_t, scale_inv_t, 1, col_block))
-    out = BlockLinearFunction.apply(route, weight, bias, recipe, formats, stored_weight, fp8_input)
+    out = BlockLinearFunction.apply(route, weight, bias, recipe, formats, stored_weight, fp8_input, output_dtype(x))
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -121,6 +122,6 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
     )
     out = Fp8LinearFunction.apply(route, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
                                   formats, grad_scale_fn, meta.backward_lock(), None, (y_fp8, y_fp8_t), False,
-                                  gemm_fast_accum(meta.recipe))
+                                  gemm_fast_accum(meta.recipe), output_dtype(x))
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
