@@ -53,7 +53,7 @@ Tensor block_scaled_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_sc
   Tensor out = empty_on({a.size(0), b.size(0)}, out_dtype, a);
   cpu::block_scaled_gemm(operand(ac, formats.a, sa, a_block_rows), operand(bc, formats.b, sb, b_block_rows), a.size(0),
                          b.size(0), a.size(1), block_k, bias_c.has_value() ? bias_c->const_data_ptr() : nullptr,
-                         out.mutable_data_ptr(), hp_type(out_dtype), torch_bmm_nt_fp32, stable_parallel_for);
+                         out.mutable_data_ptr(), hp_type(out_dtype), fp32_gemm_nt, stable_parallel_for);
   return out;
 }
 

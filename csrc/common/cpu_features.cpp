@@ -13,6 +13,8 @@ namespace {
 // XCR0 bits the OS sets when it saves the state on context switches: SSE, AVX (ymm upper halves),
 // and the three AVX-512 parts (opmask, zmm0-15 upper halves, zmm16-31).
 constexpr unsigned kXcr0Avx512State = 0x2u | 0x4u | 0x20u | 0x40u | 0x80u;
+// XCR0 bits of the AMX tile configuration (17) and tile data (18).
+constexpr unsigned long long kXcr0TileState = (1ull << 17) | (1ull << 18);
 
 unsigned long long xcr0() {
   unsigned lo = 0, hi = 0;
@@ -30,7 +32,7 @@ CpuFeatures detect() {
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   const bool f_bw_vl_dq = ((ebx >> 16) & 1u) && ((ebx >> 30) & 1u) && ((ebx >> 31) & 1u) && ((ebx >> 17) & 1u);
   f.avx512 = os_saves_zmm && f_bw_vl_dq;
-  f.amx_bf16 = (edx >> 22) & 1u;
+  f.amx_bf16 = osxsave && ((edx >> 22) & 1u) && (xcr0() & kXcr0TileState) == kXcr0TileState;
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   f.avx512_bf16 = f.avx512 && ((eax >> 5) & 1u);
   return f;

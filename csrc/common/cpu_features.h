@@ -9,7 +9,8 @@ namespace fp8mp::cpu {
 struct CpuFeatures {
   bool avx512;       // AVX-512 F, BW, VL and DQ, with the OS saving the zmm state (x86-64-v4's vector part)
   bool avx512_bf16;  // CPUID.(7,1):EAX[5]: vdpbf16ps, a bf16 dot product with fp32 sums
-  bool amx_bf16;     // CPUID.(7,0):EDX[22]: AMX tiles with bf16 inputs
+  bool amx_bf16;     // CPUID.(7,0):EDX[22]: AMX tiles with bf16 inputs, with the OS saving the tile state
+                     // (a process must still ask Linux for the tile data: bf16_gemm_amx.h's amx_bf16_usable)
 };
 
 // The features of this CPU (all false off x86-64), computed on first use.

@@ -1,14 +1,22 @@
-// The fp32 GEMM of the CPU glue (fp8_gemm's fallback, block_scaled_gemm's K chunks), through torch.
+// The fp32 GEMM of the CPU glue (fp8_gemm's fp32 path, block_scaled_gemm's K chunks): IEEE fp32 whatever
+// the user set for torch's own fp32 matmuls.
+//
+// Which GEMM, decided once per process:
+//   * MKL's sgemm (exported by libtorch_cpu), where the CPU has bf16 matrix units (AVX512-BF16 or AMX):
+//     there oneDNN honours torch.backends.mkldnn.matmul.fp32_precision = "bf16" and would round the
+//     operands to bf16, so an fp8mp op's result would depend on the user's setting;
+//   * elsewhere oneDNN's inner product (torch's mkldnn::_linear_pointwise, which takes b as [N, K] as it
+//     is; about twice as fast as MKL's sgemm on AMD CPUs, and without bf16 units it has nothing to lower);
+//   * aten::bmm.out where neither exists, or for a batch. The out= overload because torch.autocast has no
+//     kernel for it: a functional matmul called from inside an fp8mp op under torch.autocast(cpu) would
+//     run in bf16 and round every sum to bf16, silently.
 #pragma once
 
 #include <cstdint>
 
 namespace fp8mp {
 
-// c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T in fp32 (all row-major, contiguous), written
-// into c by torch's aten::bmm.out. The out= overload because torch.autocast has no kernel for it: a
-// functional matmul called from inside an fp8mp op under torch.autocast(cpu) would run in bf16 and round
-// every sum to bf16, silently. IEEE fp32 unless the user lowered torch's fp32 matmul precision.
-void torch_bmm_nt_fp32(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k);
+// c [batch, rows, n] = a [batch, rows, k] @ b [batch, n, k]^T in fp32, all row-major and contiguous.
+void fp32_gemm_nt(const float* a, const float* b, float* c, int64_t batch, int64_t rows, int64_t n, int64_t k);
 
 }  // namespace fp8mp

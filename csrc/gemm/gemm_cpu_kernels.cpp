@@ -11,22 +11,23 @@
 // so CPU and GPU agree to fp32 rounding of the accumulation (a few ulps of fp32
 // before the final rounding), not bit for bit.
 //
-// Where the CPU has bf16 matrix units (cpu_bf16_gemm.h decides, once), the
-// codes are decoded to bf16 instead - exact too - and multiplied by MKL's
-// bf16 x bf16 -> fp32 GEMM (AMX) or by fp8mp's own AVX512-BF16 kernel
-// (bf16_gemm_avx512.h): the same exact products and fp32 sums.
+// Where the CPU has bf16 matrix units (cpu_gemm_path.h decides, once), fp8mp's
+// own AMX (bf16_gemm_amx.h) or AVX512-BF16 (bf16_gemm_avx512.h) kernel runs
+// instead: the codes decoded to bf16 - exact too - while packing, the same exact
+// products and fp32 sums.
 //
-// b (the weight, [N, K]) is decoded once per call; a is decoded in row blocks
-// of about kBlockElements values, so the decoded copy of a never exceeds that
-// however large M is.
+// On the fp32 path b (the weight, [N, K]) is decoded once per call; a is decoded
+// in row blocks of about kBlockElements values, so the decoded copy of a never
+// exceeds that however large M is.
 #include "gemm/gemm_cpu_kernels.h"
 
 #include <algorithm>
 #include <memory>
 
 #include "common/fp8_decode_table.h"
+#include "gemm/bf16_gemm_amx.h"
 #include "gemm/bf16_gemm_avx512.h"
-#include "gemm/cpu_bf16_gemm.h"
+#include "gemm/cpu_gemm_path.h"
 
 namespace fp8mp::cpu {
 namespace {
@@ -34,13 +35,9 @@ namespace {
 constexpr int64_t kGrain = 1 << 15;                   // codes per parallel decode task
 constexpr int64_t kBlockElements = int64_t(1) << 22;  // values of a decoded at once (16 MiB as fp32)
 
-const float* table_for(Fp8Format format, float*) { return decode_table_for(format); }
-const uint16_t* table_for(Fp8Format format, uint16_t*) { return bf16_decode_table_for(format); }
-
-// Decode n contiguous FP8 codes to fp32 or bf16 bits.
-template <typename T>
-void decode_into(const uint8_t* codes, T* out, int64_t n, Fp8Format format, ParallelFor parallel_for) {
-  const T* table = table_for(format, out);
+// Decode n contiguous FP8 codes to fp32.
+void decode_into(const uint8_t* codes, float* out, int64_t n, Fp8Format format, ParallelFor parallel_for) {
+  const float* table = decode_table_for(format);
   parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = table[codes[i]];
   });
@@ -64,15 +61,15 @@ void epilogue(const float* acc, float scale, const scalar_t* bias, scalar_t* out
   });
 }
 
-// The blocked loop of both paths: decode b once and a by row blocks to T, multiply into fp32, epilogue.
-template <typename T, typename scalar_t, typename Matmul>
-void blocked_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format b_format, int64_t M, int64_t N,
-                  int64_t K, float scale, const scalar_t* bias, scalar_t* out, const Matmul& matmul,
-                  ParallelFor parallel_for) {
-  const auto b_dec = uninitialized<T>(N * K);
+// The fp32 path: decode b once and a by row blocks to fp32, multiply into fp32, epilogue.
+template <typename scalar_t>
+void fp32_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format b_format, int64_t M, int64_t N,
+               int64_t K, float scale, const scalar_t* bias, scalar_t* out, const MatmulNtFp32& matmul,
+               ParallelFor parallel_for) {
+  const auto b_dec = uninitialized<float>(N * K);
   decode_into(b, b_dec.get(), N * K, b_format, parallel_for);
   const int64_t block_rows = std::min(M, std::max<int64_t>(1, kBlockElements / K));
-  const auto a_block = uninitialized<T>(block_rows * K);
+  const auto a_block = uninitialized<float>(block_rows * K);
   const auto acc = uninitialized<float>(block_rows * N);
   for (int64_t row0 = 0; row0 < M; row0 += block_rows) {
     const int64_t rows = std::min(block_rows, M - row0);
@@ -86,7 +83,7 @@ void blocked_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8For
 
 void fp8_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format b_format, int64_t M, int64_t N,
               int64_t K, float scale, const void* bias, void* out, HpType out_type, const MatmulNtFp32& matmul,
-              ParallelFor parallel_for) {
+              ParallelFor parallel_for, int threads) {
   if (M == 0 || N == 0) return;
   FP8MP_DISPATCH_HP(out_type, [&] {
     const scalar_t* bias_ptr = static_cast<const scalar_t*>(bias);
@@ -98,17 +95,16 @@ void fp8_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format 
       return;
     }
 #if FP8MP_AVX512_KERNELS
+    if (gemm_path() == GemmPath::Amx) {
+      fp8_gemm_amx_bf16(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, parallel_for, threads);
+      return;
+    }
     if (gemm_path() == GemmPath::Avx512Bf16) {
       fp8_gemm_avx512_bf16(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, parallel_for);
       return;
     }
 #endif
-    if (gemm_path() == GemmPath::Bf16 && N <= kMaxBf16Dim && K <= kMaxBf16Dim) {
-      blocked_gemm<uint16_t>(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, *find_bf16_matmul(),
-                             parallel_for);
-    } else {
-      blocked_gemm<float>(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, matmul, parallel_for);
-    }
+    fp32_gemm(a, a_format, b, b_format, M, N, K, scale, bias_ptr, out_ptr, matmul, parallel_for);
   });
 }
 

@@ -2,8 +2,8 @@
 
 The op ``fp8mp::fp8_gemm`` is declared in csrc/ops.cpp and implemented with
 cuBLASLt on CUDA (csrc/gemm/gemm_cuda_kernels.cu) and as an exact emulation on CPU
-(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32, or to bf16 for MKL's bf16 GEMM or
-fp8mp's AVX512-BF16 kernel where the CPU has bf16 matrix units, see cpu_gemm_path); both check
+(csrc/gemm/gemm_cpu_kernels.cpp: FP8 decoded to fp32 for an fp32 GEMM, or to bf16 inside fp8mp's
+AMX or AVX512-BF16 kernels where the CPU has bf16 matrix units, see cpu_gemm_path); both check
 their arguments in C++
 (csrc/gemm/gemm_checks.cpp: check_fp8_gemm_args).
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import warnings
 from typing import Optional
 
 import torch
@@ -66,14 +68,26 @@ def fp8_gemm(
     return torch.ops.fp8mp.fp8_gemm(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum)
 
 
+CPU_GEMM_PATHS = ("fp32", "avx512bf16", "amx")
+
+
 @functools.cache
 def cpu_gemm_path() -> str:
-    """The CPU path of fp8_gemm in this process, decided once (csrc/gemm/cpu_bf16_gemm.h):
-    ``"avx512bf16"`` (fp8mp's own AVX512-BF16 kernel, decoding FP8 to bf16 while it packs; chosen
-    where the CPU has AVX512-BF16 but no AMX), ``"bf16"`` (FP8 decoded to bf16, MKL's bf16 x bf16
-    -> fp32 GEMM; chosen where the CPU has AMX-BF16) or ``"fp32"`` (decoded to fp32, torch's fp32
-    GEMM; elsewhere). All form every product exactly and sum in fp32. The environment variable
-    FP8MP_CPU_GEMM=fp32|bf16|avx512bf16, read at the first CPU fp8_gemm, forces one."""
+    """The CPU path of fp8_gemm in this process, decided once (csrc/gemm/cpu_gemm_path.h):
+
+    * ``"amx"``: fp8mp's AMX kernel, decoding FP8 to bf16 while it packs the tiles' operands; chosen where
+      the CPU has AMX-BF16 and Linux lets the process use the tiles;
+    * ``"avx512bf16"``: fp8mp's AVX512-BF16 kernel, likewise; chosen where the CPU has AVX512-BF16 but no AMX;
+    * ``"fp32"``: FP8 decoded to fp32 and an IEEE fp32 GEMM (MKL's or oneDNN's); elsewhere.
+
+    All form every product exactly and sum in fp32 (only the order of the additions differs), and none
+    depends on torch's settings (fp32 matmul precision, autocast). The environment variable
+    FP8MP_CPU_GEMM=fp32|avx512bf16|amx, read at the first CPU fp8_gemm, forces one (a path this CPU
+    lacks falls back to fp32)."""
+    forced = os.environ.get("FP8MP_CPU_GEMM", "")
+    if forced and forced not in CPU_GEMM_PATHS:
+        warnings.warn(f"FP8MP_CPU_GEMM={forced!r} is not one of {', '.join(CPU_GEMM_PATHS)}: "
+                      "fp8_gemm chooses its CPU path itself", stacklevel=2)
     query = ctypes.CDLL(native._library("_C")).fp8mp_cpu_gemm_path
     query.restype = ctypes.c_char_p
     return query().decode()

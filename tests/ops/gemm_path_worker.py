@@ -27,8 +27,10 @@ def cases() -> dict:
         "integers": (torch.randint(-8, 9, (70, 4096), generator=gen).float().to(e4m3),
                      torch.randint(-8, 9, (20, 4096), generator=gen).float().to(e4m3)),
         "many_rows": (torch.randn(2100, 4096, generator=gen).to(e4m3), torch.randn(8, 4096, generator=gen).to(e4m3)),
-        # Neither M, N nor K a multiple of the AVX512-BF16 kernel's tile (12 x 32, K in pairs): padded edges.
+        # Neither M, N nor K a multiple of the AVX512-BF16 kernel's tile (12 x 32, K in pairs) or the AMX
+        # kernel's (32 x 32, K in steps of 32): padded edges.
         "ragged": ((torch.randn(13, 333, generator=gen) * 3).to(e5m2), torch.randn(45, 333, generator=gen).to(e4m3)),
+        "ragged_large": ((torch.randn(161, 1057, generator=gen) * 3).to(e4m3), torch.randn(95, 1057, generator=gen).to(e5m2)),
     }
 
 

@@ -1,12 +1,11 @@
-"""fp8_gemm's CPU paths (csrc/gemm/cpu_bf16_gemm.h): FP8 -> fp32 with torch's fp32 GEMM, FP8 ->
-bf16 with MKL's bf16 x bf16 -> fp32 GEMM, and fp8mp's AVX512-BF16 kernel. Each is forced in a
+"""fp8_gemm's CPU paths (csrc/gemm/cpu_gemm_path.h): FP8 -> fp32 with an IEEE fp32 GEMM, and fp8mp's
+AVX512-BF16 and AMX kernels (FP8 -> bf16 while packing). Each is forced in a
 subprocess (the path is decided once per process) and checked against float64 products of
 ml_dtypes-decoded operands: exactly where every order of additions gives the same fp32 sum, else
 within the fp32 accumulation bound, and no worse than the fp32 path's own error; and the
 automatic choice follows the CPU's bf16 matrix units."""
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -31,27 +30,22 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def bf16_gemm_in_process() -> bool:
-    """Whether torch's libtorch_cpu (already loaded: same handle) exports MKL's bf16 GEMM."""
-    libtorch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-    return hasattr(libtorch_cpu, "cblas_gemm_bf16bf16f32")
-
-
 def expected_path(forced: str | None) -> str:
-    """The path cpu_bf16_gemm.h's gemm_path() takes on this CPU, forced or not."""
+    """The path cpu_gemm_path.h's gemm_path() takes on this CPU, forced or not."""
     flags = cpu_flags()
     if forced == "fp32":
         return "fp32"
-    if forced == "bf16":
-        return "bf16" if bf16_gemm_in_process() else "fp32"
     if forced == "avx512bf16":
         return "avx512bf16" if "avx512_bf16" in flags else "fp32"
-    if "amx_bf16" in flags and bf16_gemm_in_process():
-        return "bf16"
+    amx = {"amx_bf16", "amx_tile", "avx512_bf16"} <= flags  # Linux lists amx_* only where the OS enables the tiles
+    if forced == "amx":
+        return "amx" if amx else "fp32"
+    if amx:
+        return "amx"
     return "avx512bf16" if "avx512_bf16" in flags else "fp32"
 
 
-@pytest.fixture(scope="module", params=["fp32", "bf16", "avx512bf16"])
+@pytest.fixture(scope="module", params=["fp32", "avx512bf16", "amx"])
 def forced(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("gemm_path") / f"{request.param}.pt"
     env = dict(os.environ, FP8MP_CPU_GEMM=request.param)
@@ -91,7 +85,7 @@ def test_exact_where_every_order_agrees(forced, name):
     np.testing.assert_array_equal(case[4].double().numpy(), ref)
 
 
-@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged"])
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large"])
 def test_within_fp32_accumulation_bound(forced, name):
     case = forced[1]["cases"][name]
     ref, abs_sum = reference(case)
@@ -99,14 +93,17 @@ def test_within_fp32_accumulation_bound(forced, name):
     assert (err <= FP32_ACC_RTOL * abs_sum).all(), f"max error {err.max()!r}, bound {FP32_ACC_RTOL * abs_sum.max()!r}"
 
 
-@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged"])
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large"])
 def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
-    """The bf16 paths sum the same exact products in another order: their error against float64 is the
-    fp32 emulation's size (max and mean within a factor of 2 of it, and within its bound above)."""
+    """The bf16 kernels sum the same exact products in another order (chunks of 256 k, their sums added
+    plainly up to K = 4096 and with Kahan's compensation beyond): their error against float64 is no larger
+    than the fp32 path's (an IEEE fp32 GEMM): the mean within 25 %, the largest within 2x (it is one or two
+    ulps of the output, so a factor of 2 is one ulp)."""
     ref, _ = reference(forced[1]["cases"][name])
     err = np.abs(forced[1]["cases"][name][4].double().numpy() - ref)
     err_fp32 = np.abs(fp32_path_results["cases"][name][4].double().numpy() - ref)
-    assert err.max() <= 2 * err_fp32.max() and err.mean() <= 2 * err_fp32.mean(), (err.max(), err_fp32.max())
+    assert err.mean() <= 1.25 * err_fp32.mean(), (err.mean(), err_fp32.mean())
+    assert err.max() <= 2 * err_fp32.max(), (err.max(), err_fp32.max())
 
 
 @pytest.mark.parametrize("setting", ["under_autocast", "under_low_precision"])
@@ -124,3 +121,16 @@ def test_automatic_choice_follows_bf16_matrix_units():
     if os.environ.get("FP8MP_CPU_GEMM"):
         pytest.skip("FP8MP_CPU_GEMM set for this process")
     assert cpu_gemm_path() == expected_path(None)
+
+
+def test_an_unknown_forced_path_warns_and_chooses_itself():
+    code = ("import warnings, fp8mp\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    path = fp8mp.ops.cpu_gemm_path()\n"
+            "print(path, '|', '; '.join(str(w.message) for w in caught))\n")
+    env = dict(os.environ, FP8MP_CPU_GEMM="bf16", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=300)
+    path, message = done.stdout.strip().splitlines()[-1].split(" | ")
+    assert path == expected_path(None)
+    assert "FP8MP_CPU_GEMM='bf16' is not one of fp32, avx512bf16, amx" in message

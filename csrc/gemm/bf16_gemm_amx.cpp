@@ -1,0 +1,351 @@
+// The AMX kernel of bf16_gemm_amx.h.
+//
+// Tiles: every tile is 16 rows of 64 bytes. tmm0..3 accumulate a 32 x 32 block
+// of out in fp32 (2 x 2 tiles of 16 x 16); per step of 32 k, tmm4/5 hold rows
+// 0-15 / 16-31 of a (32 bf16 each), tmm6/7 columns 0-15 / 16-31 of b (16 rows of
+// k pairs, each a 32-bit word per column: bf16 of k low, of k + 1 high), and four
+// TDPBF16PS multiply them: each tile loaded is used twice.
+//
+// Packed layouts, one panel per 32 rows of a (32 columns of b), step-major so a
+// step's two tiles are 2 KiB of consecutive memory:
+//   a panel: [step][row 0..31][32 bf16]                     (tile rows, 64 bytes each)
+//   b panel: [step][half 0..1][pair 0..15][column 0..15]    (32-bit words)
+// zero past K and past the matrix's edge (code 0 decodes to +0).
+//
+// Order of work: b, the weight, is packed once per call (all threads). a is
+// packed by groups of panels that fit in L2 together, each by the thread that
+// uses it, right before it sweeps every b panel (or its share of them): the
+// group's a panels are read from L2, each b panel from L3 once per group, and a
+// never travels through memory decoded, so its memory stays bounded for any M.
+#include "gemm/bf16_gemm_amx.h"
+
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#if FP8MP_AVX512_KERNELS
+#include <algorithm>
+
+#include "common/fp8_decode_table.h"
+#include "common/scratch_pool.h"
+#include "gemm/bf16_kernel_io_avx512.h"
+
+#define FP8MP_TARGET_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+#endif
+
+namespace fp8mp::cpu {
+
+#if defined(__x86_64__)
+namespace {
+
+// Linux's arch_prctl codes (asm/prctl.h) and the tile data's state component (XTILEDATA).
+constexpr int kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023;
+constexpr unsigned kXfeatureXtiledata = 18;
+
+bool request_tile_permission() {
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+  unsigned long long granted = 0;
+  return syscall(SYS_arch_prctl, kArchGetXcompPerm, &granted) == 0 && ((granted >> kXfeatureXtiledata) & 1u);
+}
+
+}  // namespace
+
+bool amx_bf16_usable() {
+  static const bool usable = FP8MP_AVX512_KERNELS && cpu_features().avx512_bf16 && cpu_features().amx_bf16 &&
+                             request_tile_permission();
+  return usable;
+}
+#else
+bool amx_bf16_usable() { return false; }
+#endif
+
+#if FP8MP_AVX512_KERNELS
+namespace {
+
+constexpr int kPanel = 32;                            // rows of an a panel, columns of a b panel: two tiles
+constexpr int kStep = 32;                             // k per tile step: 64 bytes of bf16 per tile row
+constexpr int64_t kStepWords = kPanel * kStep / 2;    // 32-bit words of one panel's step (2 KiB)
+// Steps of k summed in the tiles before their sums are added to the block's: the chunk of a b panel (16 KiB)
+// then fits in L1 beside the a chunk streaming from L2 (measured: 85 rather than 100 cycles a step), and
+// the sums have two levels (error growing with 256 + K / 256 rather than K), as an fp32 GEMM blocks K.
+constexpr int64_t kChunkSteps = 8;
+// Beyond this many chunks (K > 4096) the chunks' sums are added with Kahan's compensation: plain, their
+// error grew past the fp32 path's (MKL's sgemm, which this path is to be no less accurate than: 1.5x its
+// mean error at K = 16384; within 5 % up to 4096), and the compensation costs about 8 % of the time.
+constexpr int64_t kPlainChunks = 16;
+constexpr int64_t kL2GroupBytes = int64_t(1) << 20;  // a panels sharing L2 (half of a 2 MiB L2)
+
+int64_t steps_of(int64_t K) { return (K + kStep - 1) / kStep; }
+
+// The 64-byte tile configuration (palette 1): all eight tiles 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// Tiles configured for the calling thread while in scope, released after (so that the OS need not save
+// 8 KiB of tile state for a thread that no longer uses them).
+struct TileScope {
+  FP8MP_TARGET_AMX TileScope() {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+  }
+  FP8MP_TARGET_AMX ~TileScope() { _tile_release(); }
+};
+
+// r[i] word j -> r[j] word i for a 16 x 16 block of 32-bit words: unpacks within 128-bit lanes, then a 4 x 4
+// transpose of the lanes.
+FP8MP_TARGET_AMX inline void transpose16x16_words(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + q], lane l: words 4g..4g+3 of the input rows' word 4l + q.
+  __m512i u[16];
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), s1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44);
+    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xEE);
+    r[q] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+    r[4 + q] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+    r[8 + q] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+  }
+}
+
+// The a panel of rows [row0, row0 + 32) of codes [rows, K].
+FP8MP_TARGET_AMX void pack_a_panel(const uint8_t* codes, int64_t rows, int64_t K, int64_t row0,
+                                   const Bf16Decoder& decode, uint16_t* panel) {
+  const int64_t steps = steps_of(K);
+  for (int i = 0; i < kPanel; ++i) {
+    const int64_t row = row0 + i;
+    const uint8_t* src = codes + row * K;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t count = row < rows ? std::min<int64_t>(kStep, K - s * kStep) : 0;
+      _mm512_store_si512(panel + (s * kPanel + i) * kStep, decode(load_codes(src + s * kStep, count)));
+    }
+  }
+}
+
+// The b panel of rows [col0, col0 + 32) of codes [cols, K] (columns of the product): 16 rows' 32 codes
+// decoded into 16 registers of 16 pairs each, transposed to 16 pairs of 16 columns each.
+FP8MP_TARGET_AMX void pack_b_panel(const uint8_t* codes, int64_t cols, int64_t K, int64_t col0,
+                                   const Bf16Decoder& decode, uint32_t* panel) {
+  const int64_t steps = steps_of(K);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int h = 0; h < 2; ++h) {
+      __m512i r[16];
+      for (int c = 0; c < 16; ++c) {
+        const int64_t col = col0 + 16 * h + c;
+        const int64_t count = col < cols ? std::min<int64_t>(kStep, K - s * kStep) : 0;
+        r[c] = decode(load_codes(codes + col * K + s * kStep, count));
+      }
+      transpose16x16_words(r);
+      uint32_t* tile = panel + s * kStepWords + h * 256;
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 16, r[p]);
+    }
+  }
+}
+
+// count panels of `width`-row blocks of codes from row0 on, in parallel, each with pack(panel index).
+template <typename Pack>
+void pack_in_parallel(int64_t count, int64_t K, const Pack& pack, ParallelFor parallel_for) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kPanel * std::max<int64_t>(K, 1)));
+  parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) pack(t);
+  });
+}
+
+// The 32 x 32 blocks of a group's sums against one b panel, waiting for their epilogue
+// (gemm_cpu_kernels.cpp's: out = scalar_t(acc * scale + bias)), done 16 values (a row half) at a time while
+// the tiles work on the next b panel, so that the AVX-512 work and the stores to out overlap the tile
+// multiplications instead of leaving the tiles idle (measured: an epilogue after each block cost a quarter
+// of the kernel's time).
+template <typename scalar_t>
+struct PendingEpilogue {
+  const float* acc = nullptr;  // rows of 32 sums: the group's blocks of 32 x 32, one after the other
+  const scalar_t* bias = nullptr;
+  scalar_t* out = nullptr;     // row 0 of the first block
+  int64_t ldo = 0;
+  int cols = 0;                // columns, at most 32
+  int64_t next = 0, end = 0;   // the rows left: [next, end)
+  float scale = 1.0f;
+  __m512 bias0, bias1;         // bias[0, 16) and [16, 32) as fp32 (zeros past cols)
+
+  FP8MP_TARGET_AMX void start(const float* sums, const scalar_t* block_bias, scalar_t* block_out, int64_t rows,
+                              int block_cols) {
+    acc = sums;
+    bias = block_bias;
+    out = block_out;
+    cols = block_cols;
+    next = 0;
+    end = rows;
+    bias0 = bias != nullptr ? load_bias(bias, std::min(16, cols)) : _mm512_setzero_ps();
+    bias1 = bias != nullptr && cols > 16 ? load_bias(bias + 16, cols - 16) : _mm512_setzero_ps();
+  }
+
+  // The next `count` rows (or what is left).
+  FP8MP_TARGET_AMX void store(int64_t count) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (; count > 0 && next < end; --count, ++next) {
+      __m512 v0 = _mm512_mul_ps(_mm512_load_ps(acc + next * kPanel), vscale);
+      __m512 v1 = _mm512_mul_ps(_mm512_load_ps(acc + next * kPanel + 16), vscale);
+      if (bias != nullptr) {
+        v0 = _mm512_add_ps(v0, bias0);
+        v1 = _mm512_add_ps(v1, bias1);
+      }
+      store_row32(v0, v1, out + next * ldo, cols);
+    }
+  }
+
+  FP8MP_TARGET_AMX void finish() { store(end - next); }
+};
+
+// The four accumulator tiles into the 32 x 32 block at dst (row-major fp32).
+FP8MP_TARGET_AMX inline void store_tiles(float* dst) {
+  _tile_stored(0, dst, 128);
+  _tile_stored(1, dst + 16, 128);
+  _tile_stored(2, dst + 16 * 32, 128);
+  _tile_stored(3, dst + 16 * 32 + 16, 128);
+}
+
+// One chunk of an a panel x b panel: the tiles sum `steps` steps from zero, and the sums go to acc (the
+// first chunk) or are added to it; `epilogue_rows` row halves of the pending epilogue are stored per step.
+template <typename scalar_t>
+FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64_t steps, bool first, float* acc,
+                                     float* compensation, float* chunk_sums, PendingEpilogue<scalar_t>& pending,
+                                     int64_t epilogue_rows) {
+  // compensation == nullptr: plain sums of the chunks' sums.
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s, a += kStepWords * 2, b += kStepWords) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + 256, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a + 512, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    pending.store(epilogue_rows);
+  }
+  if (first) {
+    store_tiles(acc);
+    if (compensation != nullptr) {
+      for (int i = 0; i < kPanel * kPanel; i += 16) _mm512_store_ps(compensation + i, _mm512_setzero_ps());
+    }
+    return;
+  }
+  store_tiles(chunk_sums);
+  if (compensation == nullptr) {
+    for (int i = 0; i < kPanel * kPanel; i += 16) {
+      _mm512_store_ps(acc + i, _mm512_add_ps(_mm512_load_ps(acc + i), _mm512_load_ps(chunk_sums + i)));
+    }
+    return;
+  }
+  // Kahan: the rounding error of each addition is carried into the next one.
+  for (int i = 0; i < kPanel * kPanel; i += 16) {
+    const __m512 sum = _mm512_load_ps(acc + i);
+    const __m512 y = _mm512_sub_ps(_mm512_load_ps(chunk_sums + i), _mm512_load_ps(compensation + i));
+    const __m512 t = _mm512_add_ps(sum, y);
+    _mm512_store_ps(compensation + i, _mm512_sub_ps(_mm512_sub_ps(t, sum), y));
+    _mm512_store_ps(acc + i, t);
+  }
+}
+
+}  // namespace
+
+template <typename scalar_t>
+void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format b_format, int64_t M,
+                       int64_t N, int64_t K, float scale, const scalar_t* bias, scalar_t* out,
+                       ParallelFor parallel_for, int threads) {
+  const int64_t steps = steps_of(K), panel_words = steps * kStepWords;
+  const int64_t col_panels = (N + kPanel - 1) / kPanel, row_panels = (M + kPanel - 1) / kPanel;
+  const ScratchBuffer b_storage(size_t(col_panels * panel_words) * 4);
+  uint32_t* const b_packed = b_storage.as<uint32_t>();
+  const Bf16Decoder b_decode(bf16_decode_table_for(b_format)), a_decode(bf16_decode_table_for(a_format));
+  pack_in_parallel(col_panels, K, [&](int64_t t) {
+    pack_b_panel(b, N, K, t * kPanel, b_decode, b_packed + t * panel_words);
+  }, parallel_for);
+
+  // Groups of a panels that fit in L2 together, as many as threads at least (a multiple of them where
+  // there are more); where there are fewer groups than threads, threads split a group's b panels.
+  const int64_t threads64 = std::max(1, threads);
+  const int64_t group_by_l2 = std::max<int64_t>(1, kL2GroupBytes / (panel_words * 4));
+  int64_t groups = (row_panels + group_by_l2 - 1) / group_by_l2;
+  groups = std::min(row_panels, (groups + threads64 - 1) / threads64 * threads64);
+  const int64_t group = (row_panels + groups - 1) / groups;
+  groups = (row_panels + group - 1) / group;
+  const int64_t col_splits = std::min(col_panels, (threads64 + groups - 1) / groups);
+  const int64_t chunks = (steps + kChunkSteps - 1) / kChunkSteps;
+  const bool compensated = chunks > kPlainChunks;
+  // Rows of the pending epilogue to store per step so that it ends with the next b panel's work.
+  const int64_t epilogue_rows = (kPanel + steps - 1) / steps;
+  parallel_for(0, groups * col_splits, 1, [&](int64_t begin, int64_t end) {
+    const int64_t block = kPanel * kPanel;
+    // This thread's group of a panels, decoded; its sums against two b panels (the one in the tiles and the
+    // one in its epilogue); one chunk's sums.
+    const ScratchBuffer a_storage(size_t(group * panel_words) * 4 + size_t(3 * group + 1) * block * 4);
+    uint16_t* const a_packed = a_storage.as<uint16_t>();
+    float* const sums[2] = {a_storage.as<float>() + group * panel_words,
+                            a_storage.as<float>() + group * panel_words + group * block};
+    float* const compensation = sums[1] + group * block;
+    float* const chunk_sums = compensation + group * block;
+    const TileScope tiles;
+    PendingEpilogue<scalar_t> pending;
+    pending.scale = scale;
+    pending.ldo = N;
+    int64_t packed_group = -1, b_panels_done = 0;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t g = t / col_splits, split = t % col_splits;
+      const int64_t panel0 = g * group, in_group = std::min(group, row_panels - panel0);
+      if (g != packed_group) {
+        for (int64_t i = 0; i < in_group; ++i) {
+          pack_a_panel(a, M, K, (panel0 + i) * kPanel, a_decode, a_packed + i * panel_words * 2);
+        }
+        packed_group = g;
+      }
+      // Each b panel of this split against the group's a panels: chunk by chunk, the chunk of the b panel
+      // (16 KiB) stays in L1 while the group's chunks of a stream from L2.
+      for (int64_t cp = split * col_panels / col_splits; cp < (split + 1) * col_panels / col_splits; ++cp) {
+        float* const acc = sums[b_panels_done++ & 1];
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t s0 = c * kChunkSteps, chunk_steps = std::min(kChunkSteps, steps - s0);
+          for (int64_t i = 0; i < in_group; ++i) {
+            multiply_chunk(a_packed + i * panel_words * 2 + s0 * kStepWords * 2,
+                           b_packed + cp * panel_words + s0 * kStepWords, chunk_steps, c == 0, acc + i * block,
+                           compensated ? compensation + i * block : nullptr, chunk_sums, pending, epilogue_rows);
+          }
+        }
+        pending.finish();
+        pending.start(acc, bias != nullptr ? bias + cp * kPanel : nullptr, out + panel0 * kPanel * N + cp * kPanel,
+                      std::min(in_group * kPanel, M - panel0 * kPanel), int(std::min<int64_t>(kPanel, N - cp * kPanel)));
+      }
+    }
+    pending.finish();
+  });
+}
+
+template void fp8_gemm_amx_bf16<float>(const uint8_t*, Fp8Format, const uint8_t*, Fp8Format, int64_t, int64_t,
+                                       int64_t, float, const float*, float*, ParallelFor, int);
+template void fp8_gemm_amx_bf16<bf16>(const uint8_t*, Fp8Format, const uint8_t*, Fp8Format, int64_t, int64_t,
+                                      int64_t, float, const bf16*, bf16*, ParallelFor, int);
+template void fp8_gemm_amx_bf16<fp16>(const uint8_t*, Fp8Format, const uint8_t*, Fp8Format, int64_t, int64_t,
+                                      int64_t, float, const fp16*, fp16*, ParallelFor, int);
+#endif
+
+}  // namespace fp8mp::cpu
