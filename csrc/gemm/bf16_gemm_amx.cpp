@@ -226,7 +226,7 @@ FP8MP_TARGET_AMX inline void store_tiles(float* dst) {
 template <typename scalar_t>
 FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64_t steps, bool first, float* acc,
                                      float* compensation, float* chunk_sums, PendingEpilogue<scalar_t>& pending,
-                                     int64_t epilogue_rows) {
+                                     int64_t epilogue_rows, const char* prefetch, int64_t prefetch_lines) {
   // compensation == nullptr: plain sums of the chunks' sums.
   _tile_zero(0);
   _tile_zero(1);
@@ -242,6 +242,7 @@ FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
     pending.store(epilogue_rows);
+    for (int64_t l = 0; l < prefetch_lines; ++l, prefetch += 64) _mm_prefetch(prefetch, _MM_HINT_T1);
   }
   if (first) {
     store_tiles(acc);
@@ -325,10 +326,19 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
         float* const acc = sums[b_panels_done++ & 1];
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t s0 = c * kChunkSteps, chunk_steps = std::min(kChunkSteps, steps - s0);
+          // The b chunk after this one, brought into L2 meanwhile, a share of its lines per step (measured:
+          // 10-15 % faster at K >= 2048, where the hardware's prefetch left the tiles waiting on L3).
+          const uint32_t* next_b = c + 1 < chunks ? b_packed + cp * panel_words + (s0 + kChunkSteps) * kStepWords
+                                                  : b_packed + std::min(cp + 1, col_panels - 1) * panel_words;
+          const int64_t lines = kChunkSteps * kStepWords * 4 / 64;
+          const int64_t per_step = (lines + in_group * chunk_steps - 1) / (in_group * chunk_steps);
           for (int64_t i = 0; i < in_group; ++i) {
+            const int64_t first_line = std::min(lines, i * chunk_steps * per_step);
             multiply_chunk(a_packed + i * panel_words * 2 + s0 * kStepWords * 2,
                            b_packed + cp * panel_words + s0 * kStepWords, chunk_steps, c == 0, acc + i * block,
-                           compensated ? compensation + i * block : nullptr, chunk_sums, pending, epilogue_rows);
+                           compensated ? compensation + i * block : nullptr, chunk_sums, pending, epilogue_rows,
+                           reinterpret_cast<const char*>(next_b) + first_line * 64,
+                           std::min(per_step, (lines - first_line + chunk_steps - 1) / chunk_steps));
           }
         }
         pending.finish();
