@@ -138,6 +138,42 @@ FP8MP_TARGET_AVX512 inline void transpose16x64(const uint8_t* src, int64_t src_s
   }
 }
 
+// Software prefetches of the blocks to come, one row of each per row of this block (a burst of all
+// at once measured slower than none): x two blocks ahead into L2 (in L1 its rows, a multiple of 4 KiB
+// apart in the common shapes, would share a few sets and evict each other before use), and the next
+// block's lines of y and yt into L1, with a read prefetch, which takes the line exclusive where no other
+// core holds it, so that the store finds it ready. A 64x64 block touches 130 or more 4 KiB pages, far
+// more streams than the hardware prefetchers follow: without these every store waited for its line
+// from L3 (1M fp32 values as 256 x 4096, 1 thread, Xeon with 2 MiB L2: 0.44 ms without, 0.29 with).
+struct BlockPrefetch {
+  bool x_ahead;  // prefetch x two blocks to the right
+  bool out_next; // prefetch y and yt of the next block to the right
+};
+
+// One 64x64 block: its codes to y, and through two local buffers (so that every store to y and yt is
+// a whole 64-byte row of the block) to yt.
+template <Fp8Format F, typename scalar_t>
+FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder<F>& encode, const scalar_t* x, int64_t x_stride,
+                                                       uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                       BlockPrefetch prefetch, __m512i& amax) {
+  alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
+  for (int r = 0; r < 64; ++r) {
+    if (prefetch.x_ahead) {
+      const char* ahead = reinterpret_cast<const char*>(x + r * x_stride + 2 * 64);
+      for (int line = 0; line < int(64 * sizeof(scalar_t)); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+    }
+    if (prefetch.out_next) {
+      _mm_prefetch(reinterpret_cast<const char*>(y + r * y_stride + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(yt + (64 + r) * yt_stride), _MM_HINT_T0);
+    }
+    const __m512i codes = encode64(encode, x + r * x_stride, amax);
+    _mm512_store_si512(block + r * 64, codes);
+    _mm512_storeu_si512(y + r * y_stride, codes);
+  }
+  for (int g = 0; g < 4; ++g) transpose16x64(block + g * 16 * 64, 64, block_t + g * 16, 64);
+  for (int c = 0; c < 64; ++c) _mm512_storeu_si512(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64));
+}
+
 }  // namespace
 
 template <Fp8Format F, typename scalar_t>
@@ -161,29 +197,22 @@ FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_s
 }
 
 template <Fp8Format F, typename scalar_t>
-FP8MP_TARGET_AVX512 uint32_t cast_transpose_block64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
-                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                           float scale) {
+FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
+                                                          int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                          int64_t blocks, float scale) {
   const Encoder<F> encode(scale);
-  alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
   __m512i amax = _mm512_setzero_si512();
-  for (int r = 0; r < 64; ++r) {
-    // The next block's part of this row: 64 rows far apart are more streams than the hardware prefetcher follows.
-    const char* next = reinterpret_cast<const char*>(x + r * x_stride + 64);
-    for (int line = 0; line < int(64 * sizeof(scalar_t)); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
-    const __m512i codes = encode64(encode, x + r * x_stride, amax);
-    _mm512_store_si512(block + r * 64, codes);
-    _mm512_storeu_si512(y + r * y_stride, codes);
+  for (int64_t b = 0; b < blocks; ++b, x += 64, y += 64, yt += 64 * yt_stride) {
+    cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride, BlockPrefetch{b + 2 < blocks, b + 1 < blocks},
+                           amax);
   }
-  for (int g = 0; g < 4; ++g) transpose16x64(block + g * 16 * 64, 64, block_t + g * 16, 64);
-  for (int c = 0; c < 64; ++c) _mm512_storeu_si512(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64));
   return _mm512_reduce_max_epu32(amax);
 }
 
 #define FP8MP_INSTANTIATE(F, T)                                                                          \
   template uint32_t encode_span_avx512<F, T>(const T*, uint8_t*, int64_t, float);                        \
-  template uint32_t cast_transpose_block64_avx512<F, T>(const T*, int64_t, uint8_t*, int64_t, uint8_t*, \
-                                                        int64_t, float);
+  template uint32_t cast_transpose_rows64_avx512<F, T>(const T*, int64_t, uint8_t*, int64_t, uint8_t*, \
+                                                       int64_t, int64_t, float);
 FP8MP_INSTANTIATE(Fp8Format::E4M3, float)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, bf16)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, fp16)
