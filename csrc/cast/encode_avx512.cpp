@@ -4,12 +4,15 @@
 //   * normal range: the exponent re-bias is folded into the rounding constant
 //     ((abs - ((127 - bias) << 23) + half - 1 + lsb) >> shift); for abs at or
 //     above the smallest normal nothing wraps, so this is encode's normal_code;
+//     the lsb is added as a masked +1 where a bit test finds it set (two
+//     instructions, not a shift, an and and an add);
 //   * subnormal range: abs + 2^(24 - bias - m) in fp32 rounds abs to a multiple of
 //     the subnormal step (that sum's ulp), ties to even, like encode's
 //     (abs * 2^(bias-1+m) + 2^23) - 2^23, which is the same rounding scaled by a
 //     power of two; the code is the difference of the bits;
 //   * the saturation (min with the largest code) is applied to the normal code
-//     only: subnormal codes are at most 2^m, below it;
+//     only: subnormal codes are at most 2^m, below it; it is masked to the lanes
+//     that are not NaN, the others taking the NaN code in the same instruction;
 //   * for a positive scale, |v * scale| is computed as |v| * scale (the same
 //     rounding: round-to-nearest is symmetric) and the sign taken from v (which
 //     x86 also keeps for a NaN v), reusing |v| from the amax.
@@ -67,10 +70,13 @@ struct Encoder {
 
   // The code of |s| (abs: its bits, sign clear).
   FP8MP_TARGET_AVX512 static __m512i magnitude_code(__m512i abs) {
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs, kShift), _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_add_epi32(_mm512_add_epi32(abs, _mm512_set1_epi32(int32_t(kRoundDown - kRebias))), lsb);
-    __m512i code = _mm512_min_epu32(_mm512_srli_epi32(rounded, kShift), _mm512_set1_epi32(T::kMaxCode));
+    const __m512i biased = _mm512_add_epi32(abs, _mm512_set1_epi32(int32_t(kRoundDown - kRebias)));
+    const __mmask16 lsb_set = _mm512_test_epi32_mask(abs, _mm512_set1_epi32(1 << kShift));
+    const __m512i rounded = _mm512_mask_add_epi32(biased, lsb_set, biased, _mm512_set1_epi32(1));
+    // Saturated, and the NaN code where abs is a NaN.
+    const __mmask16 not_nan = _mm512_cmple_epu32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits)));
+    __m512i code = _mm512_mask_min_epu32(_mm512_set1_epi32(kNanCode), not_nan, _mm512_srli_epi32(rounded, kShift),
+                                         _mm512_set1_epi32(T::kMaxCode));
     const __m512i magic = _mm512_set1_epi32(int32_t(kSubnormalMagicBits));
     const __m512i subnormal_plus_magic =
         _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(magic)));
@@ -80,8 +86,7 @@ struct Encoder {
       code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits))),
                                    _mm512_set1_epi32(T::kInfCode));
     }
-    return _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits))),
-                                 _mm512_set1_epi32(kNanCode));
+    return code;
   }
 
   FP8MP_TARGET_AVX512 __m512i operator()(__m512 v, __m512i& amax) const {
