@@ -19,7 +19,7 @@ import torch
 import fp8mp
 from fp8mp.ops.format import FP8_DTYPES, FP8_MAX
 
-from timing import cpu_matrix_units, markdown_table, median_time, parse_size, where
+from timing import cpu_matrix_units, format_size, markdown_table, median_time, parse_size, where
 
 DEFAULT_SIZES = {"cpu": "1M,4M,16M,64M", "cuda": "1M,16M,64M,256M"}
 
@@ -78,7 +78,7 @@ def table(rows: list[dict], device: str) -> str:
     op = "cast_to_fp8_transpose" if rows[0]["transpose"] else "cast_to_fp8"
     headers = ["elements", "fp8mp ms", "eager ms", "clone ms", "speed-up vs eager", "fp8mp GB/s", "clone GB/s",
                "bandwidth vs clone"]
-    cells = [[f"{r['numel'] / 2**20:.0f}M", f"{r['fp8mp_ms']:.2f}", f"{r['eager_ms']:.2f}", f"{r['clone_ms']:.2f}",
+    cells = [[format_size(r["numel"]), f"{r['fp8mp_ms']:.2f}", f"{r['eager_ms']:.2f}", f"{r['clone_ms']:.2f}",
               f"{r['speedup_vs_eager']:.2f}x", f"{r['fp8mp_GBps']:.1f}", f"{r['clone_GBps']:.1f}",
               f"{r['bandwidth_vs_clone']:.0%}"] for r in rows]
     return markdown_table(f"{op} + amax, {rows[0]['dtype']} -> e4m3, {where(device)}", headers, cells)

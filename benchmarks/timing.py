@@ -52,6 +52,14 @@ def parse_size(text: str) -> int:
     return int(text[:-1]) * units[suffix] if suffix in units else int(text)
 
 
+def format_size(n: int) -> str:
+    """16 * 2**20 -> '16M', 65536 -> '64K', 1000 -> '1000': the inverse of parse_size where it is exact."""
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
 def markdown_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
