@@ -188,7 +188,19 @@ FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, i
   const Encoder<F> encode(scale);
   __m512i amax = _mm512_setzero_si512();
   int64_t i = 0;
-  for (; i + 64 <= n; i += 64) _mm512_storeu_si512(y + i, encode64(encode, x + i, amax));
+  // Software prefetches 512 values ahead, inside the span only (past it the lines may be another
+  // thread's): with the hardware prefetchers alone, 4M bf16 values out of cache took 0.20 ns per value
+  // on 1 thread against 0.155 in L1 (Xeon, 2 MiB L2); with these 0.16. 4M fp32 values on 2 threads:
+  // 0.43 -> 0.37 ms.
+  constexpr int64_t kAhead = 512;
+  for (; i + 64 <= n; i += 64) {
+    if (i + kAhead < n) {
+      const char* x_ahead = reinterpret_cast<const char*>(x + i + kAhead);
+      for (int line = 0; line < int(64 * sizeof(scalar_t)); line += 64) _mm_prefetch(x_ahead + line, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(y + i + kAhead), _MM_HINT_T0);
+    }
+    _mm512_storeu_si512(y + i, encode64(encode, x + i, amax));
+  }
   for (; i < n; i += 16) {
     const int64_t left = std::min<int64_t>(16, n - i);
     const __mmask16 m = __mmask16((1u << left) - 1u);
