@@ -19,7 +19,7 @@ import torch
 import fp8mp
 from fp8mp.ops.format import FP8_DTYPES, FP8_MAX
 
-from timing import markdown_table, median_time, parse_size, where
+from timing import cpu_matrix_units, format_size, markdown_table, median_time, parse_size, where
 
 DEFAULT_SIZES = {"cpu": "1M,4M,16M,64M", "cuda": "1M,16M,64M,256M"}
 
@@ -42,7 +42,14 @@ def bench_one(numel: int, dtype: torch.dtype, device: str, transpose: bool, fmt:
         def fused():
             return fp8mp.cast_to_fp8(x, scale, amax, fmt)
 
-    t_fused, t_eager, t_clone = (median_time(f, device) for f in (fused, eager, lambda: x.clone()))
+    peers = (fused, eager, lambda: x.clone())
+    # One call of each before timing any: the allocator then serves all three in the same state. Timed
+    # first in a fresh process, fused's outputs (2 MiB at 1M elements) sat at glibc's heap-trim threshold,
+    # which rises with the largest block freed so far: in about half the runs every call got fresh pages
+    # from the kernel (600+ page faults per call, 3x the time) until a larger peer had run.
+    for f in peers:
+        f()
+    t_fused, t_eager, t_clone = (median_time(f, device) for f in peers)
     in_bytes = x.numel() * x.element_size()
     fused_bytes = in_bytes + x.numel() * (2 if transpose else 1)
     return {
@@ -71,7 +78,7 @@ def table(rows: list[dict], device: str) -> str:
     op = "cast_to_fp8_transpose" if rows[0]["transpose"] else "cast_to_fp8"
     headers = ["elements", "fp8mp ms", "eager ms", "clone ms", "speed-up vs eager", "fp8mp GB/s", "clone GB/s",
                "bandwidth vs clone"]
-    cells = [[f"{r['numel'] / 2**20:.0f}M", f"{r['fp8mp_ms']:.2f}", f"{r['eager_ms']:.2f}", f"{r['clone_ms']:.2f}",
+    cells = [[format_size(r["numel"]), f"{r['fp8mp_ms']:.2f}", f"{r['eager_ms']:.2f}", f"{r['clone_ms']:.2f}",
               f"{r['speedup_vs_eager']:.2f}x", f"{r['fp8mp_GBps']:.1f}", f"{r['clone_GBps']:.1f}",
               f"{r['bandwidth_vs_clone']:.0%}"] for r in rows]
     return markdown_table(f"{op} + amax, {rows[0]['dtype']} -> e4m3, {where(device)}", headers, cells)
@@ -90,6 +97,8 @@ def main() -> None:
         raise SystemExit("--device cuda: no CUDA device or fp8mp was built without CUDA kernels")
     rows = run(args.device, args.sizes, args.dtype, args.transpose, args.cols)
     print(table(rows, args.device))
+    if args.device == "cpu":
+        print(f"\nCPU: {cpu_matrix_units()}")
     if args.goal is not None:
         print(goal_line(rows, args.goal))
 

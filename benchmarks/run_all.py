@@ -24,6 +24,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fp8mp  # noqa: E402
+from timing import cpu_matrix_units  # noqa: E402
 
 # (name, module, run() kwargs); every module has run(device, **kwargs) and table(rows, device).
 BENCHMARKS = [
@@ -44,19 +45,6 @@ QUICK = {
     "gemm_paths": {"sizes": "512x1024x1024"},
     "linear": {"shapes": "4096x1024x1024"},
 }
-
-
-def cpu_matrix_units() -> str:
-    """The CPU's vector and bf16/fp16 matrix units, from /proc/cpuinfo's flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return "CPU flags unknown"
-    wanted = ["avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile"]
-    present = [name for name in wanted if name in flags]
-    units = "bf16 matrix units: " + ("yes" if {"avx512_bf16", "amx_bf16"} & flags else "none")
-    return f"{units} (flags: {' '.join(present) or 'none of ' + ' '.join(wanted)})"
 
 
 def machine_description(device: str) -> str:

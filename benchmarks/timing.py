@@ -52,6 +52,14 @@ def parse_size(text: str) -> int:
     return int(text[:-1]) * units[suffix] if suffix in units else int(text)
 
 
+def format_size(n: int) -> str:
+    """16 * 2**20 -> '16M', 65536 -> '64K', 1000 -> '1000': the inverse of parse_size where it is exact."""
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
 def markdown_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -60,3 +68,16 @@ def markdown_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[s
 
 def where(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+
+
+def cpu_matrix_units() -> str:
+    """The CPU's vector and bf16/fp16 matrix units, from /proc/cpuinfo's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return "CPU flags unknown"
+    wanted = ["avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile"]
+    present = [name for name in wanted if name in flags]
+    units = "bf16 matrix units: " + ("yes" if {"avx512_bf16", "amx_bf16"} & flags else "none")
+    return f"{units} (flags: {' '.join(present) or 'none of ' + ' '.join(wanted)})"

@@ -18,8 +18,9 @@ namespace fp8mp::cpu {
 namespace {
 
 constexpr int64_t kGrain = 1 << 15;  // elements per parallel task: big enough to amortize scheduling
-// Transpose tiles: 64 rows (a full 64-byte line of the transpose per column) by 512 columns
-// (2 KiB runs of fp32 input, long enough that rows 16 KiB apart do not thrash the L1 sets).
+// Transpose tiles: 64 rows (a full 64-byte line of the transpose per column, and the height of the
+// AVX-512 cast-transpose block) by 512 columns (2 KiB runs of fp32 input, long enough that rows
+// 16 KiB apart do not thrash the L1 sets).
 constexpr int64_t kTileRows = 64;
 constexpr int64_t kTileCols = 512;
 
@@ -69,24 +70,13 @@ inline void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst,
   }
 }
 #endif
-constexpr int64_t kBlock = 16;      // the transpose block edge
-constexpr int64_t kWideBlock = 64;  // the edge of an AVX-512 cast-transpose block
+constexpr int64_t kBlock = 16;  // the transpose block edge
 
 // Cast one tile [r0, r1) x [c0, c1) of the row-major (rows x cols) input to y and to its transpose yt.
 template <Fp8Format F, typename scalar_t>
 uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y, uint8_t* __restrict yt, int64_t rows,
                              int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float scale) {
   uint32_t amax_bits = 0;
-#if FP8MP_AVX512_KERNELS
-  // Whole 64x64 blocks in AVX-512, each cast and transposed through registers and a local buffer.
-  if (cpu_features().avx512 && r1 - r0 == kWideBlock) {
-    for (; c0 + kWideBlock <= c1; c0 += kWideBlock) {
-      const uint32_t block_amax = cast_transpose_block64_avx512<F>(x + r0 * cols + c0, cols, y + r0 * cols + c0, cols,
-                                                                   yt + c0 * rows + r0, rows, scale);
-      amax_bits = block_amax > amax_bits ? block_amax : amax_bits;
-    }
-  }
-#endif
   const int64_t width = c1 - c0;
   for (int64_t r = r0; r < r1; ++r) {
     const uint32_t row_amax = cast_span<F>(x + r * cols + c0, y + r * cols + c0, width, scale);
@@ -104,6 +94,32 @@ uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y
   for (int64_t c = 0; c < width; ++c) {
     uint8_t* out = yt + (c0 + c) * rows + r0;
     for (int64_t r = (c < full_cols ? full_rows : 0); r < height; ++r) out[r] = tile[r * cols + c];
+  }
+  return amax_bits;
+}
+
+// Cast the tiles [tile_col0, tile_col1) of tile row tile_row, left to right.
+template <Fp8Format F, typename scalar_t>
+uint32_t cast_tiles_transpose(const scalar_t* __restrict x, uint8_t* __restrict y, uint8_t* __restrict yt, int64_t rows,
+                              int64_t cols, int64_t tile_row, int64_t tile_col0, int64_t tile_col1, float scale) {
+  const int64_t r0 = tile_row * kTileRows, r1 = std::min(r0 + kTileRows, rows);
+  int64_t c0 = tile_col0 * kTileCols;
+  const int64_t c1 = std::min(tile_col1 * kTileCols, cols);
+  uint32_t amax_bits = 0;
+#if FP8MP_AVX512_KERNELS
+  // Whole 64x64 blocks in AVX-512, across the tiles in one run, so that its prefetches of the blocks
+  // ahead do not stop at every tile edge.
+  if (cpu_features().avx512 && r1 - r0 == kTileRows) {
+    const int64_t blocks = (c1 - c0) / kTileRows;
+    amax_bits = cast_transpose_rows64_avx512<F>(x + r0 * cols + c0, cols, y + r0 * cols + c0, cols,
+                                                yt + c0 * rows + r0, rows, blocks, scale);
+    c0 += blocks * kTileRows;
+  }
+#endif
+  for (; c0 < c1; c0 += kTileCols) {
+    const uint32_t tile_amax =
+        cast_tile_transpose<F>(x, y, yt, rows, cols, r0, r1, c0, std::min(c0 + kTileCols, c1), scale);
+    amax_bits = tile_amax > amax_bits ? tile_amax : amax_bits;
   }
   return amax_bits;
 }
@@ -134,12 +150,13 @@ float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* y
       const int64_t grain = std::max<int64_t>(1, kGrain / (kTileRows * kTileCols));
       parallel_for(0, row_tiles * col_tiles, grain, [&](int64_t begin, int64_t end) {
         uint32_t local = 0;
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t r0 = (t / col_tiles) * kTileRows, c0 = (t % col_tiles) * kTileCols;
-          const uint32_t tile_amax =
-              cast_tile_transpose<kFormat>(x_ptr, y, yt, rows, cols, r0, std::min(r0 + kTileRows, rows), c0,
-                                           std::min(c0 + kTileCols, cols), scale);
-          local = tile_amax > local ? tile_amax : local;
+        // The tiles t in [begin, end) are numbered row-major: one call per tile row they cross.
+        for (int64_t t = begin; t < end;) {
+          const int64_t tile_row = t / col_tiles, row_end = std::min(end, (tile_row + 1) * col_tiles);
+          const uint32_t row_amax = cast_tiles_transpose<kFormat>(x_ptr, y, yt, rows, cols, tile_row, t % col_tiles,
+                                                                  row_end - tile_row * col_tiles, scale);
+          local = row_amax > local ? row_amax : local;
+          t = row_end;
         }
         atomic_max_bits(amax_bits, local);
       });

@@ -4,12 +4,15 @@
 //   * normal range: the exponent re-bias is folded into the rounding constant
 //     ((abs - ((127 - bias) << 23) + half - 1 + lsb) >> shift); for abs at or
 //     above the smallest normal nothing wraps, so this is encode's normal_code;
+//     the lsb is added as a masked +1 where a bit test finds it set (two
+//     instructions, not a shift, an and and an add);
 //   * subnormal range: abs + 2^(24 - bias - m) in fp32 rounds abs to a multiple of
 //     the subnormal step (that sum's ulp), ties to even, like encode's
 //     (abs * 2^(bias-1+m) + 2^23) - 2^23, which is the same rounding scaled by a
 //     power of two; the code is the difference of the bits;
 //   * the saturation (min with the largest code) is applied to the normal code
-//     only: subnormal codes are at most 2^m, below it;
+//     only: subnormal codes are at most 2^m, below it; it is masked to the lanes
+//     that are not NaN, the others taking the NaN code in the same instruction;
 //   * for a positive scale, |v * scale| is computed as |v| * scale (the same
 //     rounding: round-to-nearest is symmetric) and the sign taken from v (which
 //     x86 also keeps for a NaN v), reusing |v| from the amax.
@@ -67,10 +70,13 @@ struct Encoder {
 
   // The code of |s| (abs: its bits, sign clear).
   FP8MP_TARGET_AVX512 static __m512i magnitude_code(__m512i abs) {
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs, kShift), _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_add_epi32(_mm512_add_epi32(abs, _mm512_set1_epi32(int32_t(kRoundDown - kRebias))), lsb);
-    __m512i code = _mm512_min_epu32(_mm512_srli_epi32(rounded, kShift), _mm512_set1_epi32(T::kMaxCode));
+    const __m512i biased = _mm512_add_epi32(abs, _mm512_set1_epi32(int32_t(kRoundDown - kRebias)));
+    const __mmask16 lsb_set = _mm512_test_epi32_mask(abs, _mm512_set1_epi32(1 << kShift));
+    const __m512i rounded = _mm512_mask_add_epi32(biased, lsb_set, biased, _mm512_set1_epi32(1));
+    // Saturated, and the NaN code where abs is a NaN.
+    const __mmask16 not_nan = _mm512_cmple_epu32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits)));
+    __m512i code = _mm512_mask_min_epu32(_mm512_set1_epi32(kNanCode), not_nan, _mm512_srli_epi32(rounded, kShift),
+                                         _mm512_set1_epi32(T::kMaxCode));
     const __m512i magic = _mm512_set1_epi32(int32_t(kSubnormalMagicBits));
     const __m512i subnormal_plus_magic =
         _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(magic)));
@@ -80,8 +86,7 @@ struct Encoder {
       code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits))),
                                    _mm512_set1_epi32(T::kInfCode));
     }
-    return _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits))),
-                                 _mm512_set1_epi32(kNanCode));
+    return code;
   }
 
   FP8MP_TARGET_AVX512 __m512i operator()(__m512 v, __m512i& amax) const {
@@ -138,6 +143,44 @@ FP8MP_TARGET_AVX512 inline void transpose16x64(const uint8_t* src, int64_t src_s
   }
 }
 
+// Software prefetches of the blocks to come, one row of each per row of this block (a burst of all
+// at once measured slower than none): x two blocks ahead, and the lines of y and yt the next block
+// writes, with a read prefetch, which takes a line exclusive where no other core holds it, so that the
+// store finds it ready. A 64x64 block touches 130 or more 4 KiB pages, far more streams than the
+// hardware prefetchers follow: without these every store waited for its line from L3. All into L2, not
+// L1: the rows of x and of y are a multiple of 4 KiB apart in the common shapes, so in L1 the lines of
+// one block column share a set or a few and evict each other (and the block buffers) before use.
+// 1M fp32 values as 256 x 4096, Xeon with 2 MiB L2, kernel alone: 0.44 ms without prefetches, 0.29 with
+// y and yt prefetched into L1, 0.27 into L2 on 1 thread; 0.27, 0.19 and 0.16 ms on 2 threads.
+struct BlockPrefetch {
+  bool x_ahead;  // prefetch x two blocks to the right
+  bool out_next; // prefetch y and yt of the next block to the right
+};
+
+// One 64x64 block: its codes to y, and through two local buffers (so that every store to y and yt is
+// a whole 64-byte row of the block) to yt.
+template <Fp8Format F, typename scalar_t>
+FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder<F>& encode, const scalar_t* x, int64_t x_stride,
+                                                       uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                       BlockPrefetch prefetch, __m512i& amax) {
+  alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
+  for (int r = 0; r < 64; ++r) {
+    if (prefetch.x_ahead) {
+      const char* ahead = reinterpret_cast<const char*>(x + r * x_stride + 2 * 64);
+      for (int line = 0; line < int(64 * sizeof(scalar_t)); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T1);
+    }
+    if (prefetch.out_next) {
+      _mm_prefetch(reinterpret_cast<const char*>(y + r * y_stride + 64), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(yt + (64 + r) * yt_stride), _MM_HINT_T1);
+    }
+    const __m512i codes = encode64(encode, x + r * x_stride, amax);
+    _mm512_store_si512(block + r * 64, codes);
+    _mm512_storeu_si512(y + r * y_stride, codes);
+  }
+  for (int g = 0; g < 4; ++g) transpose16x64(block + g * 16 * 64, 64, block_t + g * 16, 64);
+  for (int c = 0; c < 64; ++c) _mm512_storeu_si512(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64));
+}
+
 }  // namespace
 
 template <Fp8Format F, typename scalar_t>
@@ -145,7 +188,19 @@ FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, i
   const Encoder<F> encode(scale);
   __m512i amax = _mm512_setzero_si512();
   int64_t i = 0;
-  for (; i + 64 <= n; i += 64) _mm512_storeu_si512(y + i, encode64(encode, x + i, amax));
+  // Software prefetches 512 values ahead, inside the span only (past it the lines may be another
+  // thread's): with the hardware prefetchers alone, 4M bf16 values out of cache took 0.20 ns per value
+  // on 1 thread against 0.155 in L1 (Xeon, 2 MiB L2); with these 0.16. 4M fp32 values on 2 threads:
+  // 0.43 -> 0.37 ms.
+  constexpr int64_t kAhead = 512;
+  for (; i + 64 <= n; i += 64) {
+    if (i + kAhead < n) {
+      const char* x_ahead = reinterpret_cast<const char*>(x + i + kAhead);
+      for (int line = 0; line < int(64 * sizeof(scalar_t)); line += 64) _mm_prefetch(x_ahead + line, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(y + i + kAhead), _MM_HINT_T0);
+    }
+    _mm512_storeu_si512(y + i, encode64(encode, x + i, amax));
+  }
   for (; i < n; i += 16) {
     const int64_t left = std::min<int64_t>(16, n - i);
     const __mmask16 m = __mmask16((1u << left) - 1u);
@@ -161,29 +216,22 @@ FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_s
 }
 
 template <Fp8Format F, typename scalar_t>
-FP8MP_TARGET_AVX512 uint32_t cast_transpose_block64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
-                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                           float scale) {
+FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
+                                                          int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                          int64_t blocks, float scale) {
   const Encoder<F> encode(scale);
-  alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
   __m512i amax = _mm512_setzero_si512();
-  for (int r = 0; r < 64; ++r) {
-    // The next block's part of this row: 64 rows far apart are more streams than the hardware prefetcher follows.
-    const char* next = reinterpret_cast<const char*>(x + r * x_stride + 64);
-    for (int line = 0; line < int(64 * sizeof(scalar_t)); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
-    const __m512i codes = encode64(encode, x + r * x_stride, amax);
-    _mm512_store_si512(block + r * 64, codes);
-    _mm512_storeu_si512(y + r * y_stride, codes);
+  for (int64_t b = 0; b < blocks; ++b, x += 64, y += 64, yt += 64 * yt_stride) {
+    cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride, BlockPrefetch{b + 2 < blocks, b + 1 < blocks},
+                           amax);
   }
-  for (int g = 0; g < 4; ++g) transpose16x64(block + g * 16 * 64, 64, block_t + g * 16, 64);
-  for (int c = 0; c < 64; ++c) _mm512_storeu_si512(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64));
   return _mm512_reduce_max_epu32(amax);
 }
 
 #define FP8MP_INSTANTIATE(F, T)                                                                          \
   template uint32_t encode_span_avx512<F, T>(const T*, uint8_t*, int64_t, float);                        \
-  template uint32_t cast_transpose_block64_avx512<F, T>(const T*, int64_t, uint8_t*, int64_t, uint8_t*, \
-                                                        int64_t, float);
+  template uint32_t cast_transpose_rows64_avx512<F, T>(const T*, int64_t, uint8_t*, int64_t, uint8_t*, \
+                                                       int64_t, int64_t, float);
 FP8MP_INSTANTIATE(Fp8Format::E4M3, float)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, bf16)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, fp16)

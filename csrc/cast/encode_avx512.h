@@ -1,5 +1,5 @@
 // AVX-512 versions of the CPU cast's inner pieces: the FP8 encode of a run of
-// values with its amax, the cast and transpose of a 64x64 block, and the
+// values with its amax, the cast and transpose of a row of 64x64 blocks, and the
 // transpose of 16x64 bytes they use. They give exactly
 // the bits of the scalar code (fp8_format.h's encode<F>, a byte-by-byte
 // transpose); tests/cpp/test_encode_avx512.cpp checks the encode on every
@@ -20,13 +20,14 @@ namespace fp8mp::cpu {
 template <Fp8Format F, typename scalar_t>
 FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, int64_t n, float scale);
 
-// One 64x64 block of cast_to_fp8_transpose: y[r * y_stride + c] = yt[c * yt_stride + r] =
-// encode<F>(float(x[r * x_stride + c]) * scale) for r, c < 64; returns the amax's bits. Through a
-// local buffer, so that every store to y and yt is a whole 64-byte row of the block.
+// `blocks` 64x64 blocks of cast_to_fp8_transpose side by side, 64 rows by 64 * blocks columns:
+// y[r * y_stride + c] = yt[c * yt_stride + r] = encode<F>(float(x[r * x_stride + c]) * scale) for
+// r < 64, c < 64 * blocks; returns the amax's bits. Prefetches each block's data a block or two ahead,
+// within the run only (never another thread's lines).
 template <Fp8Format F, typename scalar_t>
-FP8MP_TARGET_AVX512 uint32_t cast_transpose_block64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
-                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                           float scale);
+FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
+                                                          int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                          int64_t blocks, float scale);
 
 // dst[j * dst_stride + i] = src[i * src_stride + j] for i < 16, j < 64.
 FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride);

@@ -2,8 +2,8 @@
 // encode<F> on every fp32 bit pattern (with scale 1, which only quiets signaling
 // NaNs, the same in both), every bf16 and fp16 bit pattern with several scales,
 // runs of every length up to 140 (64-value steps, then masked 16-value ones),
-// negative and NaN scales, and the amax as bits. And the 16x64 transpose and the
-// 64x64 cast-transpose block against byte-by-byte ones. Skipped on CPUs without AVX-512.
+// negative and NaN scales, and the amax as bits. And the 16x64 transpose and runs of
+// 64x64 cast-transpose blocks against byte-by-byte ones. Skipped on CPUs without AVX-512.
 #define CATCH_CONFIG_PREFIX_ALL
 #include <catch2/catch.hpp>
 
@@ -126,26 +126,34 @@ CATCH_TEST_CASE("AVX-512 16x64 transpose equals a byte-by-byte transpose", "[tra
   }
 }
 
-CATCH_TEST_CASE("AVX-512 64x64 cast-transpose block equals the scalar encode, transposed", "[transpose][avx512]") {
+CATCH_TEST_CASE("AVX-512 runs of 64x64 cast-transpose blocks equal the scalar encode, transposed",
+                "[transpose][avx512]") {
   if (!fp8mp::cpu::cpu_features().avx512) return;
-  const int64_t x_stride = 75, y_stride = 67, yt_stride = 70;  // unaligned rows, as inside a larger matrix
-  std::vector<fp8mp::fp16> x(64 * x_stride);
-  for (size_t i = 0; i < x.size(); ++i) x[i].bits = uint16_t(i * 2654435761u >> 7);  // every kind of value, NaNs too
-  std::vector<uint8_t> y(64 * y_stride, 0xEE), yt(64 * yt_stride, 0xEE);
-  const uint32_t amax = fp8mp::cpu::cast_transpose_block64_avx512<Fp8Format::E5M2>(
-      x.data(), x_stride, y.data(), y_stride, yt.data(), yt_stride, 0.375f);
-  uint32_t expected_amax = 0;
-  for (int64_t r = 0; r < 64; ++r) {
-    for (int64_t c = 0; c < 64; ++c) {
-      const float v = static_cast<float>(x[r * x_stride + c]);
-      expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
-      const uint8_t code = fp8mp::encode<Fp8Format::E5M2>(v * 0.375f);
-      CATCH_REQUIRE(y[r * y_stride + c] == code);
-      CATCH_REQUIRE(yt[c * yt_stride + r] == code);
+  // Runs of 1 to 4 blocks: with and without the prefetches of the blocks ahead. Unaligned rows, as
+  // inside a larger matrix, and a margin in every row that nothing may write.
+  for (int64_t blocks = 1; blocks <= 4; ++blocks) {
+    CATCH_INFO("blocks = " << blocks);
+    const int64_t width = 64 * blocks, x_stride = width + 11, y_stride = width + 3, yt_stride = 70;
+    std::vector<fp8mp::fp16> x(64 * x_stride);
+    for (size_t i = 0; i < x.size(); ++i) x[i].bits = uint16_t(i * 2654435761u >> 7);  // every kind of value, NaNs too
+    std::vector<uint8_t> y(64 * y_stride, 0xEE), yt(width * yt_stride, 0xEE);
+    const uint32_t amax = fp8mp::cpu::cast_transpose_rows64_avx512<Fp8Format::E5M2>(
+        x.data(), x_stride, y.data(), y_stride, yt.data(), yt_stride, blocks, 0.375f);
+    uint32_t expected_amax = 0;
+    for (int64_t r = 0; r < 64; ++r) {
+      for (int64_t c = 0; c < width; ++c) {
+        const float v = static_cast<float>(x[r * x_stride + c]);
+        expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
+        const uint8_t code = fp8mp::encode<Fp8Format::E5M2>(v * 0.375f);
+        CATCH_REQUIRE(y[r * y_stride + c] == code);
+        CATCH_REQUIRE(yt[c * yt_stride + r] == code);
+      }
+      for (int64_t c = width; c < y_stride; ++c) CATCH_REQUIRE(y[r * y_stride + c] == 0xEE);
     }
-    for (int64_t c = 64; c < y_stride; ++c) CATCH_REQUIRE(y[r * y_stride + c] == 0xEE);
-    for (int64_t c = 64; c < yt_stride; ++c) CATCH_REQUIRE(yt[r * yt_stride + c] == 0xEE);
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t r = 64; r < yt_stride; ++r) CATCH_REQUIRE(yt[c * yt_stride + r] == 0xEE);
+    }
+    CATCH_REQUIRE(amax == expected_amax);
   }
-  CATCH_REQUIRE(amax == expected_amax);
 }
 #endif
