@@ -12,6 +12,7 @@ an unquantized nn.Linear would run), so they exclude any cast cost.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -40,7 +41,8 @@ def bench_size(M: int, K: int, N: int, device: str, fast_accum: bool) -> dict:
     row = {}
     for name, fn in peers.items():
         try:
-            row[name] = median_time(fn, device)
+            row[name] = slow_peer_time(fn, 2 * M * K * N) if name == "_scaled_mm" and device == "cpu" else \
+                median_time(fn, device)
         except (RuntimeError, NotImplementedError) as e:  # e.g. _scaled_mm missing for this device/shape
             print(f"  {name} failed for {M}x{K}x{N}: {str(e).splitlines()[0]}")
             row[name] = float("nan")
@@ -49,6 +51,24 @@ def bench_size(M: int, K: int, N: int, device: str, fast_accum: bool) -> dict:
 
 
 PEERS = ["_scaled_mm", "fp32 mm", "bf16 mm"]
+
+# torch._scaled_mm on CPU runs oneDNN's FP8 matmul, which on some CPUs is a reference kernel: 8.6 s for
+# 512x1024x1024 on a Xeon with AMX (2026-12-05). Once one call has run below this rate, larger sizes
+# are not run (NaN, with a note), and a call over a second is timed once rather than repeated.
+SLOW_FLOPS_PER_S = 1e9
+_slow_rate = {"flops_per_s": None}
+
+
+def slow_peer_time(fn, flops: int) -> float:
+    rate = _slow_rate["flops_per_s"]
+    if rate is not None and rate < SLOW_FLOPS_PER_S:
+        print(f"  _scaled_mm skipped: about {flops / rate:.0f} s per call here ({rate / 1e9:.3f} GFLOP/s)")
+        return float("nan")
+    started = time.perf_counter()
+    fn()
+    once = time.perf_counter() - started
+    _slow_rate["flops_per_s"] = flops / once
+    return once if once > 1.0 else median_time(fn, "cpu")
 
 
 def run(device: str, sizes: str | None = None, fast_accum: bool = False) -> list[dict]:

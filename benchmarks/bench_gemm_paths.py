@@ -1,6 +1,6 @@
-"""fp8_gemm's CPU paths side by side: FP8 -> fp32 + torch's fp32 GEMM, FP8 -> bf16 + MKL's bf16 x
-bf16 -> fp32 GEMM, and fp8mp's AVX512-BF16 kernel (csrc/gemm/cpu_bf16_gemm.h). The path is fixed
-once per process, so each runs in its own subprocess (FP8MP_CPU_GEMM=fp32|bf16|avx512bf16), timing
+"""fp8_gemm's CPU paths side by side: FP8 -> fp32 + an IEEE fp32 GEMM, and fp8mp's AVX512-BF16 and
+AMX kernels (csrc/gemm/cpu_gemm_path.h). The path is fixed once per process, so each runs in its own
+subprocess (FP8MP_CPU_GEMM=fp32|avx512bf16|amx), timing
 torch's fp32 and bf16 mm in the same process as peers; the automatic choice is printed too (a path
 this CPU lacks falls back to fp32, shown in the "forced path" column).
 
@@ -31,7 +31,7 @@ def run(device: str, sizes: str = DEFAULT_SIZES) -> list[dict]:
     if device != "cpu":
         raise SystemExit("the CPU GEMM paths are CPU only")
     rows = []
-    for path in ("fp32", "bf16", "avx512bf16"):
+    for path in ("fp32", "avx512bf16", "amx"):
         result = run_path(path, sizes)
         rows += [dict(r, path=result["path"]) for r in result["rows"]]
     return rows

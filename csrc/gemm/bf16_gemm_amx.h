@@ -10,7 +10,7 @@
 // 2^-32, so neither they nor any partial sum is an fp32 denormal, and the
 // arithmetic is the fp32 emulation's: exact products, fp32 sums, only their
 // order differs. Used where the CPU has AMX-BF16 and the OS lets this process
-// use the tiles (cpu_bf16_gemm.h).
+// use the tiles (cpu_gemm_path.h).
 #pragma once
 
 #include <cstdint>

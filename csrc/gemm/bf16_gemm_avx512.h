@@ -9,7 +9,7 @@
 // 2^-32 (E5M2 x E5M2 at the smallest), so neither they nor any partial sum is ever
 // an fp32 denormal, and the arithmetic is the fp32 emulation's: exact products,
 // fp32 sums, only their order differs. Used where the CPU has AVX512-BF16 but no
-// AMX (cpu_bf16_gemm.h), where it is about twice as fast as MKL's bf16 GEMM
+// AMX (cpu_gemm_path.h), where it is about twice as fast as MKL's bf16 GEMM
 // (benchmarks/RESULTS.md).
 #pragma once
 
