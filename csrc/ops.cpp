@@ -10,6 +10,9 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   m.def("cast_to_fp8(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> Tensor");
   // Same, for a 2-D x, also returning the FP8 transpose (contiguous) from the same read of x.
   m.def("cast_to_fp8_transpose(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor, Tensor)");
+  // Same, also returning dbias = the fp32 column sums of x (a bias gradient) from the same read of x: each
+  // 64-row tile row of x summed row by row, then the tile rows' sums in order (deterministic, any threads).
+  m.def("cast_to_fp8_transpose_dbias(Tensor x, Tensor scale, Tensor(a!) amax, str fmt) -> (Tensor, Tensor, Tensor)");
   // x = float(y) * scale_inv, rounded to out_dtype.
   m.def("cast_from_fp8(Tensor y, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
   // Delayed scaling for a group of T tensors, all in one call: roll amax_history [H, T] down one row and

@@ -12,7 +12,8 @@ import sys as _sys
 
 from fp8mp import integrations, nn, ops, scaling, training
 from fp8mp.nn import convert, fp8_model_init, load_state_dict, unconvert
-from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cuda_kernels_available,
+from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias,
+                       cuda_kernels_available,
                        cuda_kernels_status, fp8_gemm,
                        update_amax_history_and_scale)
 from fp8mp.scaling import distributed, recipe
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "cast_to_fp8",
     "cast_to_fp8_transpose",
+    "cast_to_fp8_transpose_dbias",
     "cast_from_fp8",
     "fp8_gemm",
     "cuda_kernels_available",

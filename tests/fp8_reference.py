@@ -74,3 +74,17 @@ def cast(x: torch.Tensor, scale: float, fmt: str) -> tuple[torch.Tensor, torch.T
     amax = torch.zeros(1)
     y = fp8mp.cast_to_fp8(x, torch.tensor([scale], dtype=torch.float32), amax, fmt)
     return y, amax
+
+
+def dbias_reference(x: torch.Tensor, tile_rows: int = 64) -> np.ndarray:
+    """The documented order of cast_to_fp8_transpose_dbias's sums, in numpy fp32 (each addition an IEEE
+    fp32 addition of whole rows): per tile row of 64 rows, row by row; then the tile rows' sums in order."""
+    values = x.float().numpy()
+    total = None
+    for r0 in range(0, values.shape[0], tile_rows):
+        tile = values[r0 : r0 + tile_rows]
+        sums = tile[0].copy()
+        for row in tile[1:]:
+            sums = (sums + row).astype(np.float32)
+        total = sums if total is None else (total + sums).astype(np.float32)
+    return total if total is not None else np.zeros(values.shape[1], np.float32)

@@ -33,6 +33,23 @@ std::tuple<Tensor, Tensor> cast_to_fp8_transpose_cpu(Tensor x, Tensor scale, Ten
   return {y, yt};
 }
 
+std::tuple<Tensor, Tensor, Tensor> cast_to_fp8_transpose_dbias_cpu(Tensor x, Tensor scale, Tensor amax,
+                                                                   std::string fmt) {
+  constexpr const char* op = "fp8mp::cast_to_fp8_transpose_dbias";
+  const Fp8Format format = check_cast_to_fp8_args(x, scale, amax, fmt, op);
+  FP8MP_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", shape_str(x));
+  const Tensor xc = as_contiguous(x);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Tensor y = empty_on({rows, cols}, fp8_dtype(format), x);
+  Tensor yt = empty_on({cols, rows}, fp8_dtype(format), x);
+  Tensor dbias = empty_on({cols}, kFloat, x);
+  *static_cast<float*>(amax.mutable_data_ptr()) = cpu::cast_to_fp8_transpose(
+      xc.const_data_ptr(), hp_type(x.scalar_type()), static_cast<uint8_t*>(y.mutable_data_ptr()),
+      static_cast<uint8_t*>(yt.mutable_data_ptr()), rows, cols, cpu_scalar(scale), format, stable_parallel_for,
+      static_cast<float*>(dbias.mutable_data_ptr()));
+  return {y, yt, dbias};
+}
+
 Tensor cast_from_fp8_cpu(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
   const Fp8Format format = check_cast_from_fp8_args(y, scale_inv, out_dtype);
   const Tensor yc = as_contiguous(y);
@@ -47,6 +64,7 @@ Tensor cast_from_fp8_cpu(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CPU, m) {
   m.impl("cast_to_fp8", TORCH_BOX(&cast_to_fp8_cpu));
   m.impl("cast_to_fp8_transpose", TORCH_BOX(&cast_to_fp8_transpose_cpu));
+  m.impl("cast_to_fp8_transpose_dbias", TORCH_BOX(&cast_to_fp8_transpose_dbias_cpu));
   m.impl("cast_from_fp8", TORCH_BOX(&cast_from_fp8_cpu));
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -98,6 +99,18 @@ uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y
   return amax_bits;
 }
 
+// sums[c - c0] = sum over rows [r0, r1) of float(x[r, c]) for c in [c0, c1), in row order: columns are
+// independent, so vectorizing over them keeps every column's order of additions.
+template <typename scalar_t>
+FP8MP_CPU_CLONES void column_sums(const scalar_t* __restrict x, int64_t cols, int64_t r0, int64_t r1, int64_t c0,
+                                  int64_t c1, float* __restrict sums) {
+  for (int64_t c = c0; c < c1; ++c) sums[c - c0] = static_cast<float>(x[r0 * cols + c]);
+  for (int64_t r = r0 + 1; r < r1; ++r) {
+    const scalar_t* row = x + r * cols;
+    for (int64_t c = c0; c < c1; ++c) sums[c - c0] += static_cast<float>(row[c]);
+  }
+}
+
 // Cast the tiles [tile_col0, tile_col1) of tile row tile_row, left to right.
 template <Fp8Format F, typename scalar_t>
 uint32_t cast_tiles_transpose(const scalar_t* __restrict x, uint8_t* __restrict y, uint8_t* __restrict yt, int64_t rows,
@@ -141,9 +154,12 @@ float cast_to_fp8(const void* x, HpType x_type, uint8_t* y, int64_t n, float sca
 }
 
 float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* yt, int64_t rows, int64_t cols,
-                            float scale, Fp8Format format, ParallelFor parallel_for) {
+                            float scale, Fp8Format format, ParallelFor parallel_for, float* dbias) {
+  static_assert(kDbiasRows == kTileRows, "dbias sums a tile row at a time, while it is in cache");
   std::atomic<uint32_t> amax_bits{0};
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows, col_tiles = (cols + kTileCols - 1) / kTileCols;
+  // Each tile row's column sums, then added in tile-row order below.
+  std::unique_ptr<float[]> tile_row_sums(dbias != nullptr ? new float[size_t(row_tiles * cols)] : nullptr);
   FP8MP_DISPATCH_HP(x_type, [&] {
     const scalar_t* x_ptr = static_cast<const scalar_t*>(x);
     FP8MP_DISPATCH_FORMAT(format, [&] {
@@ -153,15 +169,30 @@ float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* y
         // The tiles t in [begin, end) are numbered row-major: one call per tile row they cross.
         for (int64_t t = begin; t < end;) {
           const int64_t tile_row = t / col_tiles, row_end = std::min(end, (tile_row + 1) * col_tiles);
-          const uint32_t row_amax = cast_tiles_transpose<kFormat>(x_ptr, y, yt, rows, cols, tile_row, t % col_tiles,
-                                                                  row_end - tile_row * col_tiles, scale);
+          const int64_t tile_col0 = t % col_tiles, tile_col1 = row_end - tile_row * col_tiles;
+          const uint32_t row_amax = cast_tiles_transpose<kFormat>(x_ptr, y, yt, rows, cols, tile_row, tile_col0,
+                                                                  tile_col1, scale);
           local = row_amax > local ? row_amax : local;
+          if (dbias != nullptr) {  // the tile row's x was just read: sum it from cache
+            const int64_t c0 = tile_col0 * kTileCols, c1 = std::min(tile_col1 * kTileCols, cols);
+            column_sums(x_ptr, cols, tile_row * kTileRows, std::min((tile_row + 1) * kTileRows, rows), c0, c1,
+                        tile_row_sums.get() + tile_row * cols + c0);
+          }
           t = row_end;
         }
         atomic_max_bits(amax_bits, local);
       });
     });
   });
+  if (dbias != nullptr) {
+    parallel_for(0, cols, kGrain / 16, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) dbias[c] = rows > 0 ? tile_row_sums[c] : 0.0f;
+      for (int64_t tr = 1; tr < row_tiles; ++tr) {
+        const float* sums = tile_row_sums.get() + tr * cols;
+        for (int64_t c = begin; c < end; ++c) dbias[c] += sums[c];
+      }
+    });
+  }
   return bits_to_float(amax_bits.load());
 }
 

@@ -15,9 +15,13 @@ namespace fp8mp::cpu {
 float cast_to_fp8(const void* x, HpType x_type, uint8_t* y, int64_t n, float scale, Fp8Format format,
                   ParallelFor parallel_for);
 
-// Same for a row-major rows x cols x, also writing yt, the cols x rows transpose of y.
+// Same for a row-major rows x cols x, also writing yt, the cols x rows transpose of y; and, where dbias is not
+// nullptr, dbias[c] = the fp32 sum of column c of x: each tile row of kDbiasRows rows summed row by row in
+// fp32, then the tile rows' sums added in order (the same bits for any number of threads).
 float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* yt, int64_t rows, int64_t cols,
-                            float scale, Fp8Format format, ParallelFor parallel_for);
+                            float scale, Fp8Format format, ParallelFor parallel_for, float* dbias = nullptr);
+
+constexpr int64_t kDbiasRows = 64;  // rows of x summed together before their sums are added to dbias
 
 // out[i] = out_type(decode<format>(y[i]) * scale_inv) for n codes.
 void cast_from_fp8(const uint8_t* y, Fp8Format format, void* out, HpType out_type, int64_t n, float scale_inv,

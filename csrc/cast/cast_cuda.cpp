@@ -1,6 +1,9 @@
 // CUDA glue of the cast ops (stable ABI): argument checks, device guard,
 // allocation and registration around the torch-free kernels of cast_cuda_kernels.cu.
+#include <array>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "cast/cast_checks.h"
 #include "cast/cast_cuda_kernels.cuh"
@@ -36,6 +39,24 @@ std::tuple<Tensor, Tensor> cast_to_fp8_transpose_cuda(Tensor x, Tensor scale, Te
   return {y, yt};
 }
 
+// Not fused on CUDA (yet): the cast above, then torch's fp32 column sum (aten::sum.dim_IntList), whose order
+// of additions is torch's, not the CPU kernel's tile rows.
+std::tuple<Tensor, Tensor, Tensor> cast_to_fp8_transpose_dbias_cuda(Tensor x, Tensor scale, Tensor amax,
+                                                                    std::string fmt) {
+  using torch::stable::detail::from;
+  using torch::stable::detail::to;
+  constexpr const char* op = "fp8mp::cast_to_fp8_transpose_dbias";
+  check_cast_to_fp8_args(x, scale, amax, fmt, op);
+  FP8MP_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", shape_str(x));
+  auto [y, yt] = cast_to_fp8_transpose_cuda(x, scale, amax, fmt);
+  const auto guard = guard_device_of(x);
+  std::array<StableIValue, 4> stack{from(x), from(std::vector<int64_t>{0}), from(false),
+                                    from(std::optional<ScalarType>(kFloat))};
+  FP8MP_CHECK(torch_call_dispatcher("aten::sum", "dim_IntList", stack.data(), TORCH_ABI_VERSION) == AOTI_TORCH_SUCCESS,
+              op, ": aten::sum failed for dbias");
+  return {y, yt, to<Tensor>(stack[0])};
+}
+
 Tensor cast_from_fp8_cuda(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
   const Fp8Format format = check_cast_from_fp8_args(y, scale_inv, out_dtype);
   const auto guard = guard_device_of(y);
@@ -52,6 +73,7 @@ Tensor cast_from_fp8_cuda(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
   m.impl("cast_to_fp8", TORCH_BOX(&cast_to_fp8_cuda));
   m.impl("cast_to_fp8_transpose", TORCH_BOX(&cast_to_fp8_transpose_cuda));
+  m.impl("cast_to_fp8_transpose_dbias", TORCH_BOX(&cast_to_fp8_transpose_dbias_cuda));
   m.impl("cast_from_fp8", TORCH_BOX(&cast_from_fp8_cuda));
 }
 

@@ -32,7 +32,7 @@ from fp8mp.nn.block_linear_function import block_linear
 from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
-from fp8mp.ops.cast import cast_to_fp8_transpose
+from fp8mp.ops.cast import cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 
 
@@ -104,11 +104,13 @@ class Fp8LinearFunction(torch.autograd.Function):
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
+        # The bias gradient (fp32 column sums of grad_out) comes from the cast's own read of grad_out.
+        wants_bias_grad = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
         with ctx.lock if ctx.lock is not None else contextlib.nullcontext():
             if ctx.grad_scale_fn is not None:
                 ctx.grad_scale_fn(grad_out)
-            g_fp8, g_fp8_t = cast_to_fp8_transpose(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD),
-                                                   ctx.backward_format)
+            cast = cast_to_fp8_transpose_dbias if wants_bias_grad else cast_to_fp8_transpose
+            g_fp8, g_fp8_t, *dbias = cast(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD), ctx.backward_format)
             g_scale_inv = _col(meta_scale_inv, GRAD).clone()
             if meta_step_amax is not None:
                 fold_amax_(_col(meta_step_amax, GRAD), _col(meta_amax, GRAD))
@@ -122,8 +124,8 @@ class Fp8LinearFunction(torch.autograd.Function):
         elif ctx.needs_input_grad[1]:  # dW [N,K] = dy.T @ x
             grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype,
                               wgrad_fast)
-        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-            grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        if wants_bias_grad:
+            grad_b = dbias[0].to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None, None
 
 

@@ -14,7 +14,8 @@ from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
-__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "cuda_kernels_available"]
+__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_to_fp8_transpose_dbias", "cast_from_fp8",
+           "cuda_kernels_available"]
 
 
 def cuda_kernels_available() -> bool:
@@ -34,6 +35,15 @@ def _cast_to_fp8_transpose_fake(x, scale, amax, fmt):
     dtype = FP8_DTYPES[checks.check_cast_to_fp8_transpose_args(x, scale, amax, fmt)]
     rows, cols = x.shape
     return x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype)
+
+
+@torch.library.register_fake("fp8mp::cast_to_fp8_transpose_dbias")
+def _cast_to_fp8_transpose_dbias_fake(x, scale, amax, fmt):
+    op = "fp8mp::cast_to_fp8_transpose_dbias"
+    dtype = FP8_DTYPES[checks.check_cast_to_fp8_transpose_args(x, scale, amax, fmt, op)]
+    rows, cols = x.shape
+    return x.new_empty((rows, cols), dtype=dtype), x.new_empty((cols, rows), dtype=dtype), \
+        x.new_empty((cols,), dtype=torch.float32)
 
 
 @torch.library.register_fake("fp8mp::cast_from_fp8")
@@ -65,6 +75,20 @@ def cast_to_fp8_transpose(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Like :func:`cast_to_fp8` for a 2-D `x`, also returning the contiguous FP8 transpose from one read of x."""
     return torch.ops.fp8mp.cast_to_fp8_transpose(x, scale, amax, fmt)
+
+
+@raising_value_errors
+def cast_to_fp8_transpose_dbias(
+    x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str = "e4m3"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`cast_to_fp8_transpose` that also returns ``dbias``, the float32 column sums of `x` (a bias
+    gradient when `x` is the output gradient), from the same read of x.
+
+    On CPU the sums are fused into the cast: each tile row of 64 rows summed row by row in fp32, then the
+    tile rows' sums added in order, the same bits for any number of threads. On CUDA they are torch's
+    ``x.sum(0, dtype=torch.float32)`` after the cast (another order of additions).
+    """
+    return torch.ops.fp8mp.cast_to_fp8_transpose_dbias(x, scale, amax, fmt)
 
 
 @raising_value_errors

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from fp8_reference import (
     SCALES,
     cast,
     all_16bit_patterns,
+    dbias_reference,
     decode_reference,
     is_nan_code,
     ml_dtypes_reference_bits,
@@ -139,6 +141,49 @@ def test_transpose_equals_cast_of_transpose(fmt, dtype, shape):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 700), (63, 5), (64, 64), (65, 513), (257, 65), (300, 1100)])
+def test_transpose_dbias_fuses_the_column_sums(fmt, dtype, shape):
+    """y, yt and amax are cast_to_fp8_transpose's; dbias has exactly the bits of the documented order of fp32
+    additions (a reference that adds in another order differs in the last bits: it would fail)."""
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(shape[0] * 7 + shape[1])) * 30).to(dtype)
+    scale = torch.tensor([1.5])
+    amax, amax_ref = torch.zeros(1), torch.zeros(1)
+    y, yt, dbias = fp8mp.cast_to_fp8_transpose_dbias(x, scale, amax, fmt)
+    y_ref, yt_ref = fp8mp.cast_to_fp8_transpose(x, scale, amax_ref, fmt)
+    assert torch.equal(y.view(torch.uint8), y_ref.view(torch.uint8))
+    assert torch.equal(yt.view(torch.uint8), yt_ref.view(torch.uint8))
+    assert amax.item() == amax_ref.item()
+    assert dbias.dtype == torch.float32 and dbias.shape == (shape[1],)
+    np.testing.assert_array_equal(dbias.view(torch.int32).numpy(), dbias_reference(x).view(np.int32))
+    torch.testing.assert_close(dbias.double(), x.double().sum(0), rtol=1e-5, atol=1e-3)
+
+
+def test_transpose_dbias_is_the_same_for_any_number_of_threads():
+    x = torch.randn(1000, 777, dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(fp8mp.cast_to_fp8_transpose_dbias(x, torch.ones(1), torch.zeros(1), "e5m2")[2])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(r.view(torch.int32), results[0].view(torch.int32)) for r in results)
+
+
+def test_transpose_dbias_propagates_nan_and_inf():
+    x = torch.ones(130, 5)
+    x[70, 1], x[3, 2], x[100, 2] = float("nan"), float("inf"), float("-inf")
+    x[0, 3] = float("inf")
+    amax = torch.zeros(1)
+    _, _, dbias = fp8mp.cast_to_fp8_transpose_dbias(x, torch.ones(1), amax, "e4m3")
+    assert math.isnan(amax.item())
+    assert dbias[0].item() == 130.0 and math.isnan(dbias[1].item()) and math.isnan(dbias[2].item())
+    assert dbias[3].item() == float("inf") and dbias[4].item() == 130.0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scale_inv", [1.0, 0.25, 3.7])
 def test_cast_from_fp8_all_codes(fmt, out_dtype, scale_inv):
@@ -179,6 +224,8 @@ OPCHECK_CASES = [
     ("cast_to_fp8", lambda: (torch.randn(40, 24).t(), torch.tensor([1.0]), torch.zeros(1), "E4M3")),
     ("cast_to_fp8_transpose", lambda: (torch.randn(48, 80, dtype=torch.float16), torch.tensor([4.0]), torch.zeros(1), "e4m3")),
     ("cast_to_fp8_transpose", lambda: (torch.randn(7, 3), torch.tensor([1.0]), torch.zeros(1), "e5m2")),
+    ("cast_to_fp8_transpose_dbias", lambda: (torch.randn(70, 33, dtype=torch.bfloat16), torch.tensor([2.0]), torch.zeros(1), "e5m2")),
+    ("cast_to_fp8_transpose_dbias", lambda: (torch.randn(40, 24).t(), torch.tensor([1.0]), torch.zeros(1), "e4m3")),
     ("cast_from_fp8", lambda: (torch.randn(16, 8).to(torch.float8_e4m3fn), torch.tensor([0.5]), torch.bfloat16)),
     ("cast_from_fp8", lambda: (torch.randn(5).to(torch.float8_e5m2), torch.tensor([2.0]), torch.float32)),
 ]

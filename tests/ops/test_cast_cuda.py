@@ -68,6 +68,24 @@ def test_cuda_transpose_and_decode_match_cpu(shape):
 
 @needs_cuda
 @pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(1, 1), (70, 33), (1024, 4096)])
+def test_cuda_transpose_dbias_matches_cpu(shape):
+    """y and yt bit for bit; dbias is torch's fp32 sum on CUDA (another order of additions than the CPU's)."""
+    x = torch.randn(shape, dtype=torch.bfloat16) * 30
+    amax_cpu, amax_gpu = torch.zeros(1), torch.zeros(1, device="cuda")
+    y_cpu, yt_cpu, db_cpu = fp8mp.cast_to_fp8_transpose_dbias(x, torch.tensor([2.0]), amax_cpu, "e5m2")
+    y_gpu, yt_gpu, db_gpu = fp8mp.cast_to_fp8_transpose_dbias(x.cuda(), torch.tensor([2.0], device="cuda"), amax_gpu,
+                                                              "e5m2")
+    assert torch.equal(y_gpu.cpu().view(torch.uint8), y_cpu.view(torch.uint8))
+    assert torch.equal(yt_gpu.cpu().view(torch.uint8), yt_cpu.view(torch.uint8))
+    assert amax_gpu.item() == amax_cpu.item() and db_gpu.dtype == torch.float32
+    torch.testing.assert_close(db_gpu.cpu(), db_cpu, rtol=1e-5, atol=1e-5 * x.float().abs().sum(0).max().item())
+    torch.library.opcheck(torch.ops.fp8mp.cast_to_fp8_transpose_dbias.default,
+                          (x.cuda(), torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), "e4m3"))
+
+
+@needs_cuda
+@pytest.mark.cuda
 def test_cuda_opcheck_and_device_errors():
     x = torch.randn(64, 32, device="cuda")
     torch.library.opcheck(torch.ops.fp8mp.cast_to_fp8.default, (x, torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), "e4m3"))
