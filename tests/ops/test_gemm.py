@@ -70,6 +70,21 @@ def test_nan_and_inf_propagate():
     assert torch.isfinite(out[mask]).all()
 
 
+@pytest.mark.parametrize("out_dtype,log2_scale", [(torch.bfloat16, -136), (torch.float16, -30), (torch.float32, -140)])
+def test_subnormal_outputs_round_like_torch(out_dtype, log2_scale):
+    """Sums of small integers scaled into out_dtype's subnormal range: the exact fp32 value (integer sums and a
+    power-of-two scale are exact) rounded once, as torch's conversion rounds it, on whatever CPU path runs."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randint(-4, 5, (70, 64), generator=gen).float().to(E4M3)
+    b = torch.randint(-4, 5, (45, 64), generator=gen).float().to(E4M3)
+    out = fp8mp.fp8_gemm(a, scalar(2.0**log2_scale), b, scalar(1.0), out_dtype=out_dtype)
+    exact = (a.double() @ b.double().t()) * 2.0**log2_scale
+    expected = exact.float().to(out_dtype)
+    assert (expected != 0).float().mean() > 0.5  # the case is in the subnormal range, not flushed to nothing
+    view = torch.int32 if out_dtype == torch.float32 else torch.int16
+    assert torch.equal(out.view(view), expected.view(view))
+
+
 def test_row_blocks_of_large_m():
     """M * K above the CPU emulation's decode block (2**22 values): several row blocks, same result."""
     M, K, N = 2100, 4096, 8
