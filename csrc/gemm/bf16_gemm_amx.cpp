@@ -14,9 +14,11 @@
 //
 // Order of work: b, the weight, is packed once per call (all threads). a is
 // packed by groups of panels that fit in L2 together, each by the thread that
-// uses it, right before it sweeps every b panel (or its share of them): the
-// group's a panels are read from L2, each b panel from L3 once per group, and a
-// never travels through memory decoded, so its memory stays bounded for any M.
+// uses it, right before it sweeps every b panel (or its share of them), chunk of
+// K by chunk: a b chunk (16 KiB) stays in L1 while the group's a chunks stream
+// from L2 past it, and the next b chunk is prefetched from L3 into L2 meanwhile.
+// Each block's epilogue runs while the tiles work on the next b panel. a never
+// travels through memory decoded, so its memory stays bounded for any M.
 #include "gemm/bf16_gemm_amx.h"
 
 #if defined(__x86_64__)

@@ -6,7 +6,9 @@ within the fp32 accumulation bound, and no worse than the fp32 path's own error;
 automatic choice follows the CPU's bf16 matrix units."""
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,14 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def tile_state_granted() -> bool:
+    """Whether Linux grants this process the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)),
+    asked as bf16_gemm_amx.cpp asks it; a sandbox may refuse the system call."""
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    return platform.machine() == "x86_64" and \
+        ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+
+
 def expected_path(forced: str | None) -> str:
     """The path cpu_gemm_path.h's gemm_path() takes on this CPU, forced or not."""
     flags = cpu_flags()
@@ -37,7 +47,8 @@ def expected_path(forced: str | None) -> str:
         return "fp32"
     if forced == "avx512bf16":
         return "avx512bf16" if "avx512_bf16" in flags else "fp32"
-    amx = {"amx_bf16", "amx_tile", "avx512_bf16"} <= flags  # Linux lists amx_* only where the OS enables the tiles
+    # Linux lists amx_* only where the OS enables the tiles; a process must still be granted their state.
+    amx = {"amx_bf16", "amx_tile", "avx512_bf16"} <= flags and tile_state_granted()
     if forced == "amx":
         return "amx" if amx else "fp32"
     if amx:
