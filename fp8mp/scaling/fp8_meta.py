@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -24,6 +25,32 @@ _NO_LOCK = contextlib.nullcontext()
 def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
     """step_amax <- max(step_amax, amax) in place, NaN-propagating: one kernel after a cast."""
     torch.maximum(step_amax, amax, out=step_amax)
+
+
+class Fp8Columns(NamedTuple):
+    """1-element views of each column of an Fp8Meta's scale, scale_inv, amax and step_amax (the scale and
+    amax arguments the cast and GEMM ops take), and amax_head[n] / step_amax_head[n], the views [:n]
+    that a forward folds. step_amax and step_amax_head are None where step_amax is."""
+
+    scale: tuple[torch.Tensor, ...]
+    scale_inv: tuple[torch.Tensor, ...]
+    amax: tuple[torch.Tensor, ...]
+    step_amax: tuple[torch.Tensor, ...] | None
+    amax_head: tuple[torch.Tensor, ...]
+    step_amax_head: tuple[torch.Tensor, ...] | None
+
+
+def columns_of(scale: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor,
+               step_amax: torch.Tensor | None) -> Fp8Columns:
+    """The Fp8Columns of these buffers, sliced now (see Fp8Meta.columns for the cached ones)."""
+    def cols(t):
+        return tuple(t[i : i + 1] for i in range(t.shape[0]))
+
+    def heads(t):
+        return tuple(t[:n] for n in range(t.shape[0] + 1))
+
+    return Fp8Columns(cols(scale), cols(scale_inv), cols(amax), None if step_amax is None else cols(step_amax),
+                      heads(amax), None if step_amax is None else heads(step_amax))
 
 
 class LinearTensor(enum.IntEnum):
@@ -100,6 +127,7 @@ class Fp8Meta(torch.nn.Module):
         self._initialized = False
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
+        self._column_cache = None  # see columns()
 
     # ------------------------------------------------------------ threads
     # Threads sharing a model must not interleave one module's scale update, the casts that use
@@ -119,11 +147,37 @@ class Fp8Meta(torch.nn.Module):
     def __getstate__(self) -> dict:  # a lock cannot be copied or pickled; a copy gets its own
         state = self.__dict__.copy()
         state.pop("_lock", None)
+        state.pop("_column_cache", None)  # views of this module's buffers, not of the copy's
         return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self._lock = threading.RLock()
+        self._column_cache = None
+
+    # ------------------------------------------------------------ column views
+    def columns(self) -> Fp8Columns | None:
+        """Views of this module's columns (Fp8Columns), sliced once and reused while the buffers are the
+        same tensors over the same memory: every FP8 linear call passes a dozen of them to its ops, and
+        each slice is an op call of its own (about 1 us on CPU).
+
+        None while torch.compile traces: the FP8 functions then slice the buffers in the graph, where a
+        slice costs nothing. The views stay valid because the buffers are only written in place; what
+        replaces one (a move, a dtype fix, load_state_dict(assign=True) or with swap_tensors, `.data =`)
+        changes the tensor or its data pointer, both checked on every call. (Views hold their base, so
+        torch.utils.swap_tensors called directly on a buffer refuses it while they are cached; load_state_dict
+        drops them first.)
+        """
+        if torch.compiler.is_compiling():
+            return None
+        buffers = self._buffers
+        bases = (buffers["scale"], buffers["scale_inv"], buffers["amax"], buffers["step_amax"])
+        pointers = tuple(base.data_ptr() for base in bases)
+        cached = self._column_cache
+        if (cached is None or cached[1] != pointers or cached[0][0] is not bases[0] or cached[0][1] is not bases[1]
+                or cached[0][2] is not bases[2] or cached[0][3] is not bases[3]):
+            cached = self._column_cache = (bases, pointers, columns_of(*bases))
+        return cached[2]
 
     def _apply(self, fn, recurse=True):
         # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
@@ -153,6 +207,9 @@ class Fp8Meta(torch.nn.Module):
             # rather than from amaxes of other weights.
             self.reset_scaling()
             return
+        # The cached views hold references to the buffers, which torch.utils.swap_tensors refuses to swap
+        # (load_state_dict swaps under torch.__future__.set_swap_module_params_on_conversion(True)).
+        self._column_cache = None
         history = state_dict.get(prefix + "amax_history")
         if history is not None and history.dim() == 2 and history.shape[1] == self.num_tensors:
             # The history length is the saving recipe's; adopt it rather than report a size mismatch.
