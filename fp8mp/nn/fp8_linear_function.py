@@ -27,7 +27,7 @@ import contextlib
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
+from fp8mp.scaling.recipe import BlockRecipe
 from fp8mp.nn.block_linear_function import block_linear
 from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, columns_of, fold_amax_
@@ -128,9 +128,11 @@ class Fp8LinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
-def step_amax_to_fold(meta: Fp8Meta) -> torch.Tensor | None:
-    """meta.step_amax when this forward records gradients (a training step LossScaler will check), else None."""
-    return meta.step_amax if torch.is_grad_enabled() else None
+def meta_buffers(meta: Fp8Meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """meta's (scale, scale_inv, amax, step_amax), Fp8LinearFunction's meta_* arguments: step_amax only when
+    this forward records gradients (a training step LossScaler will check), else None."""
+    scale, scale_inv, amax, step_amax = meta.scaling_buffers()
+    return scale, scale_inv, amax, step_amax if torch.is_grad_enabled() else None
 
 
 def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
@@ -171,10 +173,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
                             stored_weight=fp8_weight)
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
-    formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
-                                  formats, grad_scale_fn, meta.backward_lock(), fp8_weight, None, weight_in_out,
-                                  gemm_fast_accum(meta.recipe), output_dtype(x), meta.columns())
+    formats, fast_accum = meta.linear_settings()
+    out = Fp8LinearFunction.apply(x2d, weight, bias, *meta_buffers(meta), formats, grad_scale_fn, meta.backward_lock(),
+                                  fp8_weight, None, weight_in_out, fast_accum, output_dtype(x), meta.columns())
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe
+from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe, gemm_fast_accum
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 from fp8mp.ops.format import FP8_MAX
 
@@ -128,6 +128,7 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
         self._column_cache = None  # see columns()
+        self._linear_settings = None  # see linear_settings()
 
     # ------------------------------------------------------------ threads
     # Threads sharing a model must not interleave one module's scale update, the casts that use
@@ -154,6 +155,7 @@ class Fp8Meta(torch.nn.Module):
         super().__setstate__(state)
         self._lock = threading.RLock()
         self._column_cache = None
+        self.__dict__.setdefault("_linear_settings", None)  # (a module pickled before it existed)
 
     # ------------------------------------------------------------ column views
     def columns(self) -> Fp8Columns | None:
@@ -170,8 +172,7 @@ class Fp8Meta(torch.nn.Module):
         """
         if torch.compiler.is_compiling():
             return None
-        buffers = self._buffers
-        bases = (buffers["scale"], buffers["scale_inv"], buffers["amax"], buffers["step_amax"])
+        bases = self.scaling_buffers()
         pointers = tuple(base.data_ptr() for base in bases)
         cached = self._column_cache
         if (cached is None or cached[1] != pointers or cached[0][0] is not bases[0] or cached[0][1] is not bases[1]
@@ -185,6 +186,12 @@ class Fp8Meta(torch.nn.Module):
         super()._apply(fn, recurse)
         keep_buffer_dtypes(self, {name: torch.float32 for name in self._FLOAT_BUFFERS})
         return self
+
+    def scaling_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(scale, scale_inv, amax, step_amax). Every FP8 linear call passes them on; read from _buffers, since
+        `self.scale` is a Module.__getattr__ call (about 0.5 us) for a buffer."""
+        buffers = self._buffers
+        return buffers["scale"], buffers["scale_inv"], buffers["amax"], buffers["step_amax"]
 
     # ------------------------------------------------------------ checkpoints
     _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max", "step_amax")
@@ -234,13 +241,24 @@ class Fp8Meta(torch.nn.Module):
         self.recipe = recipe
         self.fp8_max.copy_(torch.tensor([FP8_MAX[self.format_of(i)] for i in range(self.num_tensors)]))
 
+    def linear_settings(self) -> tuple[tuple[str, str], tuple[bool, bool, bool]]:
+        """((input format, gradient format), gemm_fast_accum) under the recipe in use: what every FP8 linear call
+        passes its autograd function, worked out once per recipe (recipes are frozen) rather than per call."""
+        recipe = self.recipe
+        cached = self._linear_settings
+        if cached is None or cached[0] is not recipe:
+            cached = (recipe, (self.format_of(INPUT), self.format_of(GRAD)), gemm_fast_accum(recipe))
+            if not torch.compiler.is_compiling():  # (a traced call just computes them)
+                self._linear_settings = cached
+        return cached[1], cached[2]
+
     def step_delayed_scaling(self) -> None:
         """Push the last step's amaxes into the history and recompute every scale (one op call)."""
         recipe = self.recipe
         assert isinstance(recipe, DelayedScaling)
-        update_amax_history_and_scale(
-            self.amax, self.amax_history, self.scale, self.scale_inv, self.fp8_max, recipe.margin, recipe.amax_compute_algo
-        )
+        buffers = self._buffers  # (not self.amax etc.: five Module.__getattr__ calls per forward)
+        update_amax_history_and_scale(buffers["amax"], buffers["amax_history"], buffers["scale"], buffers["scale_inv"],
+                                      buffers["fp8_max"], recipe.margin, recipe.amax_compute_algo)
 
     def set_scale_from(self, index: int, tensor: torch.Tensor, group=None) -> None:
         """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor).
