@@ -157,7 +157,13 @@ class Fp8Meta(torch.nn.Module):
         self._column_cache = None
         self.__dict__.setdefault("_linear_settings", None)  # (a module pickled before it existed)
 
-    # ------------------------------------------------------------ column views
+    # ------------------------------------------------------------ what every FP8 linear call passes on
+    def scaling_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(scale, scale_inv, amax, step_amax), read from _buffers: `self.scale` is a Module.__getattr__ call
+        (about 0.5 us) for a buffer."""
+        buffers = self._buffers
+        return buffers["scale"], buffers["scale_inv"], buffers["amax"], buffers["step_amax"]
+
     def columns(self) -> Fp8Columns | None:
         """Views of this module's columns (Fp8Columns), sliced once and reused while the buffers are the
         same tensors over the same memory: every FP8 linear call passes a dozen of them to its ops, and
@@ -173,7 +179,7 @@ class Fp8Meta(torch.nn.Module):
         if torch.compiler.is_compiling():
             return None
         bases = self.scaling_buffers()
-        pointers = tuple(base.data_ptr() for base in bases)
+        pointers = (bases[0].data_ptr(), bases[1].data_ptr(), bases[2].data_ptr(), bases[3].data_ptr())
         cached = self._column_cache
         if (cached is None or cached[1] != pointers or cached[0][0] is not bases[0] or cached[0][1] is not bases[1]
                 or cached[0][2] is not bases[2] or cached[0][3] is not bases[3]):
@@ -186,12 +192,6 @@ class Fp8Meta(torch.nn.Module):
         super()._apply(fn, recurse)
         keep_buffer_dtypes(self, {name: torch.float32 for name in self._FLOAT_BUFFERS})
         return self
-
-    def scaling_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(scale, scale_inv, amax, step_amax). Every FP8 linear call passes them on; read from _buffers, since
-        `self.scale` is a Module.__getattr__ call (about 0.5 us) for a buffer."""
-        buffers = self._buffers
-        return buffers["scale"], buffers["scale_inv"], buffers["amax"], buffers["step_amax"]
 
     # ------------------------------------------------------------ checkpoints
     _FLOAT_BUFFERS = ("amax", "amax_history", "scale", "scale_inv", "fp8_max", "step_amax")
