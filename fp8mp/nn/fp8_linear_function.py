@@ -27,24 +27,20 @@ import contextlib
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import BlockRecipe, gemm_fast_accum
+from fp8mp.scaling.recipe import BlockRecipe
 from fp8mp.nn.block_linear_function import block_linear
 from fp8mp.nn.output_dtype import output_dtype
-from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, fold_amax_
+from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, columns_of, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
-
-
-def _col(t: torch.Tensor, index: int) -> torch.Tensor:
-    return t[index : index + 1]
 
 
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, meta_step_amax, formats, grad_scale_fn,
                 lock, fp8_weight=None, fp8_input=None, weight_in_out=False, fast_accum=(True, False, False),
-                out_dtype=None):
+                out_dtype=None, columns=None):
         """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
 
         meta_step_amax: Fp8Meta.step_amax, into which every cast's amax is folded (the step's
@@ -61,32 +57,36 @@ class Fp8LinearFunction(torch.autograd.Function):
         weight_in_out: `weight` is [K,N] (Conv1D) instead of [N,K]; not with fp8_weight.
         fast_accum: (fprop, dgrad, wgrad) use_fast_accum of the three GEMMs (recipe.gemm_fast_accum).
         out_dtype: the output's dtype (output_dtype.py; None: x2d's); the input gradient has x2d's.
+        columns: the module's Fp8Meta.columns() (views of the meta_* buffers' columns), or None: slice them here.
         """
         out_dtype = x2d.dtype if out_dtype is None else out_dtype
         forward_format, backward_format = formats
+        cols = columns if columns is not None else columns_of(meta_scale, meta_scale_inv, meta_amax, meta_step_amax)
         if fp8_input is None:
-            x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, _col(meta_scale, INPUT), _col(meta_amax, INPUT), forward_format)
+            x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, cols.scale[INPUT], cols.amax[INPUT], forward_format)
         else:
             x_fp8, x_fp8_t = fp8_input
+        # Backward must decode with the scales these casts used, whatever happens to the buffers meanwhile:
+        # copies, one per operand (they are the GEMMs' arguments as they are, no slicing of a joint copy).
+        x_scale_inv = cols.scale_inv[INPUT].clone()
         if fp8_weight is None:
-            w_fp8, w_fp8_t = cast_to_fp8_transpose(weight, _col(meta_scale, WEIGHT), _col(meta_amax, WEIGHT), forward_format)
+            w_fp8, w_fp8_t = cast_to_fp8_transpose(weight, cols.scale[WEIGHT], cols.amax[WEIGHT], forward_format)
             if weight_in_out:  # fprop wants [N,K], the cast's transpose; dgrad wants [K,N], the cast itself
                 w_fp8, w_fp8_t = w_fp8_t, w_fp8
-            # Backward must decode with the scales these casts used, whatever happens to the buffers meanwhile.
-            used_scale_inv = meta_scale_inv[: WEIGHT + 1].clone()
+            w_scale_inv = cols.scale_inv[WEIGHT].clone()
         else:  # stored FP8 weight; backward transposes it (saving one FP8 copy of the weight, not two)
             w_fp8, w_fp8_t = fp8_weight[0], None
-            used_scale_inv = torch.cat((_col(meta_scale_inv, INPUT), fp8_weight[1]))
+            w_scale_inv = fp8_weight[1].clone()
         if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
             written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
-            fold_amax_(meta_step_amax[:written], meta_amax[:written])
+            fold_amax_(cols.step_amax_head[written], cols.amax_head[written])
         out_bias = bias.to(out_dtype) if bias is not None else None
-        out = fp8_gemm(x_fp8, _col(used_scale_inv, INPUT), w_fp8, _col(used_scale_inv, WEIGHT), out_bias, out_dtype,
-                       fast_accum[0])
-        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, used_scale_inv)
+        out = fp8_gemm(x_fp8, x_scale_inv, w_fp8, w_scale_inv, out_bias, out_dtype, fast_accum[0])
+        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, x_scale_inv, w_scale_inv)
         # The scaling buffers are state, read and written in place by backward, not saved values: a module
         # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
         ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax, meta_step_amax)
+        ctx.columns = columns
         ctx.transpose_weight = w_fp8_t is None
         ctx.weight_in_out = weight_in_out
         ctx.backward_format = backward_format
@@ -99,8 +99,9 @@ class Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_fp8_t, w_fp8_t, used_scale_inv = ctx.saved_tensors
-        meta_scale, meta_scale_inv, meta_amax, meta_step_amax = ctx.meta_buffers
+        x_fp8_t, w_fp8_t, x_scale_inv, w_scale_inv = ctx.saved_tensors
+        meta_step_amax = ctx.meta_buffers[3]
+        cols = ctx.columns if ctx.columns is not None else columns_of(*ctx.meta_buffers)
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
@@ -110,28 +111,28 @@ class Fp8LinearFunction(torch.autograd.Function):
             if ctx.grad_scale_fn is not None:
                 ctx.grad_scale_fn(grad_out)
             cast = cast_to_fp8_transpose_dbias if wants_bias_grad else cast_to_fp8_transpose
-            g_fp8, g_fp8_t, *dbias = cast(grad_out, _col(meta_scale, GRAD), _col(meta_amax, GRAD), ctx.backward_format)
-            g_scale_inv = _col(meta_scale_inv, GRAD).clone()
+            g_fp8, g_fp8_t, *dbias = cast(grad_out, cols.scale[GRAD], cols.amax[GRAD], ctx.backward_format)
+            g_scale_inv = cols.scale_inv[GRAD].clone()
             if meta_step_amax is not None:
-                fold_amax_(_col(meta_step_amax, GRAD), _col(meta_amax, GRAD))
+                fold_amax_(cols.step_amax[GRAD], cols.amax[GRAD])
         grad_x = grad_w = grad_b = None
         _, dgrad_fast, wgrad_fast = ctx.fast_accum
         if ctx.needs_input_grad[0]:
-            grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, _col(used_scale_inv, WEIGHT), None, ctx.x_dtype, dgrad_fast)
+            grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, w_scale_inv, None, ctx.x_dtype, dgrad_fast)
         if ctx.needs_input_grad[1] and ctx.weight_in_out:  # dW [K,N] = x.T @ dy
-            grad_w = fp8_gemm(x_fp8_t, _col(used_scale_inv, INPUT), g_fp8_t, g_scale_inv, None, ctx.w_dtype,
-                              wgrad_fast)
+            grad_w = fp8_gemm(x_fp8_t, x_scale_inv, g_fp8_t, g_scale_inv, None, ctx.w_dtype, wgrad_fast)
         elif ctx.needs_input_grad[1]:  # dW [N,K] = dy.T @ x
-            grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, _col(used_scale_inv, INPUT), None, ctx.w_dtype,
-                              wgrad_fast)
+            grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, x_scale_inv, None, ctx.w_dtype, wgrad_fast)
         if wants_bias_grad:
             grad_b = dbias[0].to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
-def step_amax_to_fold(meta: Fp8Meta) -> torch.Tensor | None:
-    """meta.step_amax when this forward records gradients (a training step LossScaler will check), else None."""
-    return meta.step_amax if torch.is_grad_enabled() else None
+def meta_buffers(meta: Fp8Meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """meta's (scale, scale_inv, amax, step_amax), Fp8LinearFunction's meta_* arguments: step_amax only when
+    this forward records gradients (a training step LossScaler will check), else None."""
+    scale, scale_inv, amax, step_amax = meta.scaling_buffers()
+    return scale, scale_inv, amax, step_amax if torch.is_grad_enabled() else None
 
 
 def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
@@ -172,10 +173,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
                             stored_weight=fp8_weight)
     x2d = x.reshape(-1, x.shape[-1])
     grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
-    formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.scale, meta.scale_inv, meta.amax, step_amax_to_fold(meta),
-                                  formats, grad_scale_fn, meta.backward_lock(), fp8_weight, None, weight_in_out,
-                                  gemm_fast_accum(meta.recipe), output_dtype(x))
+    formats, fast_accum = meta.linear_settings()
+    out = Fp8LinearFunction.apply(x2d, weight, bias, *meta_buffers(meta), formats, grad_scale_fn, meta.backward_lock(),
+                                  fp8_weight, None, weight_in_out, fast_accum, output_dtype(x), meta.columns())
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+from typing import NamedTuple
 
 import torch
 
 from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe
+from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe, gemm_fast_accum
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 from fp8mp.ops.format import FP8_MAX
 
@@ -24,6 +25,32 @@ _NO_LOCK = contextlib.nullcontext()
 def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
     """step_amax <- max(step_amax, amax) in place, NaN-propagating: one kernel after a cast."""
     torch.maximum(step_amax, amax, out=step_amax)
+
+
+class Fp8Columns(NamedTuple):
+    """1-element views of each column of an Fp8Meta's scale, scale_inv, amax and step_amax (the scale and
+    amax arguments the cast and GEMM ops take), and amax_head[n] / step_amax_head[n], the views [:n]
+    that a forward folds. step_amax and step_amax_head are None where step_amax is."""
+
+    scale: tuple[torch.Tensor, ...]
+    scale_inv: tuple[torch.Tensor, ...]
+    amax: tuple[torch.Tensor, ...]
+    step_amax: tuple[torch.Tensor, ...] | None
+    amax_head: tuple[torch.Tensor, ...]
+    step_amax_head: tuple[torch.Tensor, ...] | None
+
+
+def columns_of(scale: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor,
+               step_amax: torch.Tensor | None) -> Fp8Columns:
+    """The Fp8Columns of these buffers, sliced now (see Fp8Meta.columns for the cached ones)."""
+    def cols(t):
+        return tuple(t[i : i + 1] for i in range(t.shape[0]))
+
+    def heads(t):
+        return tuple(t[:n] for n in range(t.shape[0] + 1))
+
+    return Fp8Columns(cols(scale), cols(scale_inv), cols(amax), None if step_amax is None else cols(step_amax),
+                      heads(amax), None if step_amax is None else heads(step_amax))
 
 
 class LinearTensor(enum.IntEnum):
@@ -100,6 +127,8 @@ class Fp8Meta(torch.nn.Module):
         self._initialized = False
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
+        self._column_cache = None  # see columns()
+        self._linear_settings = None  # see linear_settings()
 
     # ------------------------------------------------------------ threads
     # Threads sharing a model must not interleave one module's scale update, the casts that use
@@ -119,11 +148,43 @@ class Fp8Meta(torch.nn.Module):
     def __getstate__(self) -> dict:  # a lock cannot be copied or pickled; a copy gets its own
         state = self.__dict__.copy()
         state.pop("_lock", None)
+        state.pop("_column_cache", None)  # views of this module's buffers, not of the copy's
         return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self._lock = threading.RLock()
+        self._column_cache = None
+        self.__dict__.setdefault("_linear_settings", None)  # (a module pickled before it existed)
+
+    # ------------------------------------------------------------ what every FP8 linear call passes on
+    def scaling_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(scale, scale_inv, amax, step_amax), read from _buffers: `self.scale` is a Module.__getattr__ call
+        (about 0.5 us) for a buffer."""
+        buffers = self._buffers
+        return buffers["scale"], buffers["scale_inv"], buffers["amax"], buffers["step_amax"]
+
+    def columns(self) -> Fp8Columns | None:
+        """Views of this module's columns (Fp8Columns), sliced once and reused while the buffers are the
+        same tensors over the same memory: every FP8 linear call passes a dozen of them to its ops, and
+        each slice is an op call of its own (about 1 us on CPU).
+
+        None while torch.compile traces: the FP8 functions then slice the buffers in the graph, where a
+        slice costs nothing. The views stay valid because the buffers are only written in place; what
+        replaces one (a move, a dtype fix, load_state_dict(assign=True) or with swap_tensors, `.data =`)
+        changes the tensor or its data pointer, both checked on every call. (Views hold their base, so
+        torch.utils.swap_tensors called directly on a buffer refuses it while they are cached; load_state_dict
+        drops them first.)
+        """
+        if torch.compiler.is_compiling():
+            return None
+        bases = self.scaling_buffers()
+        pointers = (bases[0].data_ptr(), bases[1].data_ptr(), bases[2].data_ptr(), bases[3].data_ptr())
+        cached = self._column_cache
+        if (cached is None or cached[1] != pointers or cached[0][0] is not bases[0] or cached[0][1] is not bases[1]
+                or cached[0][2] is not bases[2] or cached[0][3] is not bases[3]):
+            cached = self._column_cache = (bases, pointers, columns_of(*bases))
+        return cached[2]
 
     def _apply(self, fn, recurse=True):
         # Scales and amaxes stay fp32 whatever dtype the model is moved to: the ops require it, and a
@@ -153,6 +214,9 @@ class Fp8Meta(torch.nn.Module):
             # rather than from amaxes of other weights.
             self.reset_scaling()
             return
+        # The cached views hold references to the buffers, which torch.utils.swap_tensors refuses to swap
+        # (load_state_dict swaps under torch.__future__.set_swap_module_params_on_conversion(True)).
+        self._column_cache = None
         history = state_dict.get(prefix + "amax_history")
         if history is not None and history.dim() == 2 and history.shape[1] == self.num_tensors:
             # The history length is the saving recipe's; adopt it rather than report a size mismatch.
@@ -177,13 +241,24 @@ class Fp8Meta(torch.nn.Module):
         self.recipe = recipe
         self.fp8_max.copy_(torch.tensor([FP8_MAX[self.format_of(i)] for i in range(self.num_tensors)]))
 
+    def linear_settings(self) -> tuple[tuple[str, str], tuple[bool, bool, bool]]:
+        """((input format, gradient format), gemm_fast_accum) under the recipe in use: what every FP8 linear call
+        passes its autograd function, worked out once per recipe (recipes are frozen) rather than per call."""
+        recipe = self.recipe
+        cached = self._linear_settings
+        if cached is None or cached[0] is not recipe:
+            cached = (recipe, (self.format_of(INPUT), self.format_of(GRAD)), gemm_fast_accum(recipe))
+            if not torch.compiler.is_compiling():  # (a traced call just computes them)
+                self._linear_settings = cached
+        return cached[1], cached[2]
+
     def step_delayed_scaling(self) -> None:
         """Push the last step's amaxes into the history and recompute every scale (one op call)."""
         recipe = self.recipe
         assert isinstance(recipe, DelayedScaling)
-        update_amax_history_and_scale(
-            self.amax, self.amax_history, self.scale, self.scale_inv, self.fp8_max, recipe.margin, recipe.amax_compute_algo
-        )
+        buffers = self._buffers  # (not self.amax etc.: five Module.__getattr__ calls per forward)
+        update_amax_history_and_scale(buffers["amax"], buffers["amax_history"], buffers["scale"], buffers["scale_inv"],
+                                      buffers["fp8_max"], recipe.margin, recipe.amax_compute_algo)
 
     def set_scale_from(self, index: int, tensor: torch.Tensor, group=None) -> None:
         """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor).

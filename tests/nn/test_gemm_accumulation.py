@@ -69,3 +69,14 @@ def test_recipe_with_gemm_params_is_still_frozen():
     recipe = DelayedScaling()
     with pytest.raises(dataclasses.FrozenInstanceError):
         recipe.fp8_gemm_fprop = SPLIT
+
+
+def test_one_layer_follows_each_new_recipe(gemm_calls):
+    # Fp8Meta.linear_settings() keeps the formats and fast_accum of the recipe in use: a new recipe replaces them.
+    layer = fp8mp.nn.Linear(32, 16)
+    for fprop, dgrad, wgrad in [(FAST, SPLIT, SPLIT), (SPLIT, FAST, SPLIT), (SPLIT, SPLIT, FAST), (FAST, SPLIT, SPLIT)]:
+        gemm_calls.clear()
+        with fp8mp.fp8_autocast(fp8_recipe=DelayedScaling(fp8_gemm_fprop=fprop, fp8_gemm_dgrad=dgrad, fp8_gemm_wgrad=wgrad)):
+            out = layer(torch.randn(8, 32, requires_grad=True))
+        out.sum().backward()
+        assert gemm_calls == [not p.use_split_accumulator for p in (fprop, dgrad, wgrad)]

@@ -242,3 +242,49 @@ def test_model_dtype_conversion_keeps_fp8_state_in_fp32():
         out, dx = run_step(model, torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16),
                            DelayedScaling())
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all() and model[0].weight.grad.dtype == torch.bfloat16
+
+
+def load_swapping(module: torch.nn.Module, state: dict) -> None:
+    """load_state_dict through torch.utils.swap_tensors (torch's opt-in future behaviour), restored after."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        module.load_state_dict(state)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+
+
+def test_cached_column_views_follow_replaced_buffers():
+    # Fp8Meta.columns() reuses its views of the buffers' columns between calls; whatever replaces a buffer
+    # must make the next forward's casts write the amax into the new buffer, not into the old memory.
+    torch.manual_seed(0)
+    layer = fp8mp.nn.Linear(16, 8)
+    meta = layer.fp8_meta
+
+    def forward_writes_input_amax(scale: float) -> None:
+        x = torch.randn(4, 16) * scale
+        with fp8mp.fp8_autocast():
+            layer(x).sum().backward()
+        assert meta.amax[0].item() == x.abs().max().item()
+        assert meta.step_amax[0].item() == x.abs().max().item()
+
+    forward_writes_input_amax(1.0)
+    assert meta.columns() is meta.columns()  # reused while nothing changed
+    replacements = {
+        "assignment": lambda: setattr(meta, "amax", meta.amax.clone()),
+        ".data": lambda: setattr(meta.amax, "data", meta.amax.clone()),
+        "load_state_dict(swap)": lambda: load_swapping(meta, {k: v.clone() for k, v in meta.state_dict().items()}),
+        "load_state_dict(assign=True)": lambda: meta.load_state_dict(
+            {k: v.clone() for k, v in meta.state_dict().items()}, assign=True),
+        "step_amax .data": lambda: setattr(meta.step_amax, "data", meta.step_amax.clone()),
+        "model.to(dtype)": lambda: layer.to(torch.float64).float(),
+    }
+    for scale, (name, replace) in enumerate(replacements.items(), start=2):
+        replace()
+        forward_writes_input_amax(float(scale))
+    twin = copy.deepcopy(layer)  # a copy casts into its own buffers
+    before = meta.amax.clone()
+    x = torch.randn(4, 16) * 100
+    with fp8mp.fp8_autocast():
+        twin(x)
+    assert twin.fp8_meta.amax[0].item() == x.abs().max().item() and torch.equal(meta.amax, before)
