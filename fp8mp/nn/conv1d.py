@@ -55,9 +55,11 @@ class Conv1D(torch.nn.Module):
         ran_before = autocast_state.record_module(self)
         if self.fp8_fallback:
             return _addmm(input, self.weight.to(input.dtype), self.bias.to(input.dtype))
-        self.fp8_meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
-        return fp8_linear(input, self.weight, self.bias, self.fp8_meta, group=autocast_state.get_fp8_group(),
-                          ran_before=ran_before, weight_in_out=True)
+        meta = self.fp8_meta
+        with meta.lock():  # threads sharing this layer take turns from the scale update to the casts, as Linear
+            meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
+            return fp8_linear(input, self.weight, self.bias, meta, group=autocast_state.get_fp8_group(),
+                              ran_before=ran_before, weight_in_out=True)
 
     @classmethod
     def from_hf(cls, module: torch.nn.Module) -> "Conv1D":

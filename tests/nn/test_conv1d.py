@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -169,3 +170,31 @@ def test_bad_input():
             conv(torch.randn(4, 16))
         with pytest.raises(TypeError, match="argument 'input' must be float32, bfloat16 or float16"):
             conv(torch.randn(4, 32).double())
+
+
+def test_forward_holds_the_module_lock():
+    """Like Linear, Conv1D takes its Fp8Meta's lock from the scale update to the casts: a thread sharing the
+    layer waits while another holds it."""
+    conv = fp8mp.nn.Conv1D(16, 8)
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def holder():
+        with conv.fp8_meta.lock():
+            held.set()
+            release.wait(10)
+
+    def caller():
+        with fp8mp.fp8_autocast(enabled=True):
+            conv(torch.randn(4, 8))
+        done.set()
+
+    first = threading.Thread(target=holder)
+    first.start()
+    assert held.wait(10)
+    second = threading.Thread(target=caller)
+    second.start()
+    assert not done.wait(0.5)  # blocked on the lock
+    release.set()
+    first.join(10)
+    second.join(30)
+    assert done.is_set()
