@@ -164,7 +164,7 @@ FP8MP_TARGET_AMX void pack_b_panel(const uint8_t* codes, int64_t cols, int64_t K
   }
 }
 
-// count panels of `width`-row blocks of codes from row0 on, in parallel, each with pack(panel index).
+// pack(t) for the panels t in [0, count), in parallel, a few panels of K codes per task.
 template <typename Pack>
 void pack_in_parallel(int64_t count, int64_t K, const Pack& pack, ParallelFor parallel_for) {
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kPanel * std::max<int64_t>(K, 1)));
@@ -334,7 +334,8 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t s0 = c * kChunkSteps, chunk_steps = std::min(kChunkSteps, steps - s0);
           // The b chunk after this one, brought into L2 meanwhile, a share of its lines per step (measured:
-          // 10-15 % faster at K >= 2048, where the hardware's prefetch left the tiles waiting on L3).
+          // 10-15 % faster at K >= 2048, where the hardware's prefetch left the tiles waiting on L3). Past the
+          // last panel's end it prefetches nothing useful but harmless: a prefetch never faults.
           const uint32_t* next_b = c + 1 < chunks ? b_packed + cp * panel_words + (s0 + kChunkSteps) * kStepWords
                                                   : b_packed + std::min(cp + 1, col_panels - 1) * panel_words;
           const int64_t lines = kChunkSteps * kStepWords * 4 / 64;
