@@ -69,14 +69,10 @@ namespace {
 constexpr int kPanel = 32;                            // rows of an a panel, columns of a b panel: two tiles
 constexpr int kStep = 32;                             // k per tile step: 64 bytes of bf16 per tile row
 constexpr int64_t kStepWords = kPanel * kStep / 2;    // 32-bit words of one panel's step (2 KiB)
-// Steps of k summed in the tiles before their sums are added to the block's: the chunk of a b panel (16 KiB)
-// then fits in L1 beside the a chunk streaming from L2 (measured: 85 rather than 100 cycles a step), and
-// the sums have two levels (error growing with 256 + K / 256 rather than K), as an fp32 GEMM blocks K.
-constexpr int64_t kChunkSteps = 8;
-// Beyond this many chunks (K > 4096) the chunks' sums are added with Kahan's compensation: plain, their
-// error grew past the fp32 path's (MKL's sgemm, which this path is to be no less accurate than: 1.5x its
-// mean error at K = 16384; within 5 % up to 4096), and the compensation costs about 8 % of the time.
-constexpr int64_t kPlainChunks = 16;
+// Steps of k summed in the tiles before their sums are added to the block's (kChunkK, the summation rule of
+// bf16_kernel_io_avx512.h): the chunk of a b panel (16 KiB) then also fits in L1 beside the a chunk
+// streaming from L2 (measured: 85 rather than 100 cycles a step).
+constexpr int64_t kChunkSteps = kChunkK / kStep;
 // a panels per group: 8, as long as the group takes between 512 KiB and 1 MiB of L2 (of 2 MiB). Measured on
 // a Xeon with AMX, 2 threads: best of 256 KiB - 2 MiB groups at K = 512, 1024 (512 KiB), 2048 and 4096 (1 MiB).
 constexpr int64_t kGroupPanels = 8;
@@ -227,7 +223,7 @@ FP8MP_TARGET_AMX inline void store_tiles(float* dst) {
 }
 
 // One chunk of an a panel x b panel: the tiles sum `steps` steps from zero, and the sums go to acc (the
-// first chunk) or are added to it; `epilogue_rows` row halves of the pending epilogue are stored per step.
+// first chunk) or are added to it (add_chunk_sums); `epilogue_rows` row halves of the pending epilogue are stored per step.
 template <typename scalar_t>
 FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64_t steps, bool first, float* acc,
                                      float* compensation, float* chunk_sums, PendingEpilogue<scalar_t>& pending,
@@ -257,19 +253,9 @@ FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64
     return;
   }
   store_tiles(chunk_sums);
-  if (compensation == nullptr) {
-    for (int i = 0; i < kPanel * kPanel; i += 16) {
-      _mm512_store_ps(acc + i, _mm512_add_ps(_mm512_load_ps(acc + i), _mm512_load_ps(chunk_sums + i)));
-    }
-    return;
-  }
-  // Kahan: the rounding error of each addition is carried into the next one.
   for (int i = 0; i < kPanel * kPanel; i += 16) {
-    const __m512 sum = _mm512_load_ps(acc + i);
-    const __m512 y = _mm512_sub_ps(_mm512_load_ps(chunk_sums + i), _mm512_load_ps(compensation + i));
-    const __m512 t = _mm512_add_ps(sum, y);
-    _mm512_store_ps(compensation + i, _mm512_sub_ps(_mm512_sub_ps(t, sum), y));
-    _mm512_store_ps(acc + i, t);
+    add_chunk_sums(acc + i, compensation != nullptr ? compensation + i : nullptr, _mm512_load_ps(chunk_sums + i),
+                   false);
   }
 }
 
@@ -300,7 +286,7 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
   groups = (row_panels + group - 1) / group;
   const int64_t col_splits = std::min(col_panels, (threads64 + groups - 1) / groups);
   const int64_t chunks = (steps + kChunkSteps - 1) / kChunkSteps;
-  const bool compensated = chunks > kPlainChunks;
+  const bool compensated = compensates(K);
   // Rows of the pending epilogue to store per step so that it ends with the next b panel's work.
   const int64_t epilogue_rows = (kPanel + steps - 1) / steps;
   parallel_for(0, groups * col_splits, 1, [&](int64_t begin, int64_t end) {

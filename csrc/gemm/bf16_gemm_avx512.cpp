@@ -22,8 +22,7 @@ namespace {
 
 constexpr int kRows = 12;                             // rows of a micro-tile: 24 accumulators + 3 registers
 constexpr int kCols = 32;                             // columns of a micro-tile: two registers of 16 fp32
-constexpr int64_t kChunkPairs = 128;                  // pairs of k summed in registers before adding to the sums
-constexpr int64_t kPlainChunks = 16;                  // chunks added without compensation (K <= 4096)
+constexpr int64_t kChunkPairs = kChunkK / 2;          // pairs of k summed in registers before adding to the sums
 constexpr int64_t kBlockElements = int64_t(1) << 22;  // values of a packed at once
 constexpr int64_t kL2GroupBytes = int64_t(1) << 18;   // a panels processed together (a quarter of a 1 MiB L2)
 
@@ -59,17 +58,15 @@ FP8MP_TARGET_AVX512_BF16 void pack_panels(const uint8_t* codes, int64_t rows, in
 }
 
 // One micro-tile: rows x cols (at most kRows x kCols) of out from an a panel and a b panel. The registers sum
-// kChunkPairs pairs at a time from zero and the chunks' sums are added in `sums`: two levels of fp32 sums
-// (error growing with 256 + K / 256 rather than K), as an fp32 GEMM blocks K, and beyond kPlainChunks
-// chunks with Kahan's compensation; the fp32 path (MKL's sgemm) is that accurate, and this path is to be
-// no less (as bf16_gemm_amx.cpp).
+// kChunkPairs pairs at a time from zero and the chunks' sums are added in `sums` (add_chunk_sums: the
+// summation rule of bf16_kernel_io_avx512.h).
 template <typename scalar_t>
 FP8MP_TARGET_AVX512_BF16 void micro_tile(const uint32_t* a_panel, const uint32_t* b_panel, int64_t pairs, float scale,
                                          const scalar_t* bias, scalar_t* out, int64_t ldo, int rows, int cols) {
   __m512 acc[kRows][2];
   alignas(64) float sums[kRows][kCols];
-  alignas(64) float compensation[kRows][kCols] = {};
-  const bool compensated = pairs > kPlainChunks * kChunkPairs;
+  alignas(64) float compensation[kRows][kCols];  // zeroed by the first chunk where used
+  const bool compensated = compensates(2 * pairs);
   for (int64_t p0 = 0; p0 < pairs; p0 += kChunkPairs) {
     for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t p = p0; p < std::min(pairs, p0 + kChunkPairs); ++p) {
@@ -85,17 +82,7 @@ FP8MP_TARGET_AVX512_BF16 void micro_tile(const uint32_t* a_panel, const uint32_t
     }
     for (int i = 0; i < kRows; ++i) {
       for (int h = 0; h < 2; ++h) {
-        float* const sum = sums[i] + 16 * h;
-        if (p0 == 0) {
-          _mm512_store_ps(sum, acc[i][h]);
-        } else if (!compensated) {
-          _mm512_store_ps(sum, _mm512_add_ps(_mm512_load_ps(sum), acc[i][h]));
-        } else {  // Kahan: the rounding error of each addition is carried into the next one
-          const __m512 y = _mm512_sub_ps(acc[i][h], _mm512_load_ps(compensation[i] + 16 * h));
-          const __m512 t = _mm512_add_ps(_mm512_load_ps(sum), y);
-          _mm512_store_ps(compensation[i] + 16 * h, _mm512_sub_ps(_mm512_sub_ps(t, _mm512_load_ps(sum)), y));
-          _mm512_store_ps(sum, t);
-        }
+        add_chunk_sums(sums[i] + 16 * h, compensated ? compensation[i] + 16 * h : nullptr, acc[i][h], p0 == 0);
       }
     }
   }

@@ -107,6 +107,37 @@ FP8MP_TARGET_AVX512_BF16 inline void store_row32(__m512 v0, __m512 v1, bf16* out
   _mm512_mask_storeu_epi16(out, count >= 32 ? ~__mmask32(0) : __mmask32((1u << count) - 1u), bits);
 }
 
+// How both kernels sum: the matrix units sum kChunkK values of k at a time from zero, and the chunks' sums
+// are added in fp32 memory: two levels (error growing with 256 + K / 256 rather than K), as an fp32 GEMM
+// blocks K. Beyond kPlainChunks chunks (K > 4096) the chunks' sums are added with Kahan's compensation:
+// plain, their error grew past the fp32 path's (MKL's sgemm, which these paths are to be no less accurate
+// than: 1.5x its mean error at K = 16384; within 5 % up to 4096); the compensation costs about 8 % of the
+// AMX kernel's time. tests/ops/test_gemm_cpu_paths.py checks the errors.
+constexpr int64_t kChunkK = 256;
+constexpr int64_t kPlainChunks = 16;
+
+inline bool compensates(int64_t K) { return (K + kChunkK - 1) / kChunkK > kPlainChunks; }
+
+// 16 lanes of a block's sums: sum = chunk (the first chunk) or sum + chunk, with Kahan's compensation where
+// `compensation` is not nullptr (its lanes then start at zero with the first chunk).
+FP8MP_TARGET_AVX512_BF16 inline void add_chunk_sums(float* sum, float* compensation, __m512 chunk, bool first) {
+  if (first) {
+    _mm512_store_ps(sum, chunk);
+    if (compensation != nullptr) _mm512_store_ps(compensation, _mm512_setzero_ps());
+    return;
+  }
+  const __m512 old = _mm512_load_ps(sum);
+  if (compensation == nullptr) {
+    _mm512_store_ps(sum, _mm512_add_ps(old, chunk));
+    return;
+  }
+  // Kahan: the rounding error of each addition is carried into the next one.
+  const __m512 y = _mm512_sub_ps(chunk, _mm512_load_ps(compensation));
+  const __m512 t = _mm512_add_ps(old, y);
+  _mm512_store_ps(compensation, _mm512_sub_ps(_mm512_sub_ps(t, old), y));
+  _mm512_store_ps(sum, t);
+}
+
 // The epilogue of gemm_cpu_kernels.cpp for one row of up to 16 sums: out = scalar_t(acc * scale + bias),
 // with bias_v zero and has_bias false where there is none.
 template <typename scalar_t>
