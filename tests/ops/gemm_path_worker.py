@@ -31,6 +31,9 @@ def cases() -> dict:
         # kernel's (32 x 32, K in steps of 32): padded edges.
         "ragged": ((torch.randn(13, 333, generator=gen) * 3).to(e5m2), torch.randn(45, 333, generator=gen).to(e4m3)),
         "ragged_large": ((torch.randn(161, 1057, generator=gen) * 3).to(e4m3), torch.randn(95, 1057, generator=gen).to(e5m2)),
+        # One panel of rows (M <= 32): the AMX kernel's threads split the b panels, 32 columns to one thread
+        # and the 33rd to the other (a thread that wrote past its own columns raced it there).
+        "few_rows_split_columns": (torch.randn(20, 200, generator=gen).to(e4m3), torch.randn(33, 200, generator=gen).to(e4m3)),
     }
 
 
@@ -57,6 +60,8 @@ def main(out_path: str) -> None:
     for name, (a, b) in operands.items():
         results["cases"][name] = (a.view(torch.uint8), str(a.dtype), b.view(torch.uint8), str(b.dtype), plain[name])
     results["block_scaled"] = plain["block_scaled"]
+    # Every case again: a kernel whose threads race to write the same output gives other bits some times.
+    results["repeated"] = [gemms(one, operands) for _ in range(3)]
     # The same GEMMs under the user's torch.autocast(cpu, bf16), then with the fp32 matmul precision lowered
     # to bf16 (which changes torch's own fp32 mm on a CPU with bf16 units): the outputs must not change.
     with torch.autocast("cpu", dtype=torch.bfloat16):

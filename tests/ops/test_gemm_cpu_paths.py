@@ -96,7 +96,8 @@ def test_exact_where_every_order_agrees(forced, name):
     np.testing.assert_array_equal(case[4].double().numpy(), ref)
 
 
-@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large"])
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large",
+                                  "few_rows_split_columns"])
 def test_within_fp32_accumulation_bound(forced, name):
     case = forced[1]["cases"][name]
     ref, abs_sum = reference(case)
@@ -104,7 +105,8 @@ def test_within_fp32_accumulation_bound(forced, name):
     assert (err <= FP32_ACC_RTOL * abs_sum).all(), f"max error {err.max()!r}, bound {FP32_ACC_RTOL * abs_sum.max()!r}"
 
 
-@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large"])
+@pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large",
+                                  "few_rows_split_columns"])
 def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
     """The bf16 kernels sum the same exact products in another order (chunks of 256 k, their sums added
     plainly up to K = 4096 and with Kahan's compensation beyond): their error against float64 is no larger
@@ -115,6 +117,14 @@ def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
     err_fp32 = np.abs(fp32_path_results["cases"][name][4].double().numpy() - ref)
     assert err.mean() <= 1.25 * err_fp32.mean(), (err.mean(), err_fp32.mean())
     assert err.max() <= 2 * err_fp32.max(), (err.max(), err_fp32.max())
+
+
+def test_the_same_bits_every_call(forced):
+    """Each output element is written by one thread from one order of additions: repeated calls agree."""
+    results = forced[1]
+    for repeat in results["repeated"]:
+        for name, out in results["plain"].items():
+            assert torch.equal(repeat[name], out), name
 
 
 @pytest.mark.parametrize("setting", ["under_autocast", "under_low_precision"])
