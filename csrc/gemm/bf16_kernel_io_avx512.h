@@ -99,12 +99,29 @@ FP8MP_TARGET_AVX512_BF16 inline void store_row32(__m512 v0, __m512 v1, scalar_t*
   store_row(v0, out, std::min(count, 16));
   if (count > 16) store_row(v1, out + 16, count - 16);
 }
-FP8MP_TARGET_AVX512_BF16 inline void store_row32(__m512 v0, __m512 v1, bf16* out, int count) {
+// The bf16 bits of v0's 16 lanes, then of v1's, in one register.
+FP8MP_TARGET_AVX512_BF16 inline __m512i bf16_bits32(__m512 v0, __m512 v1) {
   // The low 16 bits of each 32-bit lane of v0's bits, then of v1's.
   const __m512i low_halves = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
                                               30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i bits = _mm512_permutex2var_epi16(bf16_bits(v0), low_halves, bf16_bits(v1));
-  _mm512_mask_storeu_epi16(out, count >= 32 ? ~__mmask32(0) : __mmask32((1u << count) - 1u), bits);
+  return _mm512_permutex2var_epi16(bf16_bits(v0), low_halves, bf16_bits(v1));
+}
+FP8MP_TARGET_AVX512_BF16 inline void store_row32(__m512 v0, __m512 v1, bf16* out, int count) {
+  _mm512_mask_storeu_epi16(out, count >= 32 ? ~__mmask32(0) : __mmask32((1u << count) - 1u), bf16_bits32(v0, v1));
+}
+
+// store_row32 of 32 values to a 64-byte aligned out with non-temporal stores (straight to memory, no read of
+// the lines first), where scalar_t has them (fp16's conversion is scalar: stored as store_row32 does).
+template <typename scalar_t>
+FP8MP_TARGET_AVX512_BF16 inline void stream_row32(__m512 v0, __m512 v1, scalar_t* out) {
+  store_row32(v0, v1, out, 32);
+}
+FP8MP_TARGET_AVX512_BF16 inline void stream_row32(__m512 v0, __m512 v1, float* out) {
+  _mm512_stream_ps(out, v0);
+  _mm512_stream_ps(out + 16, v1);
+}
+FP8MP_TARGET_AVX512_BF16 inline void stream_row32(__m512 v0, __m512 v1, bf16* out) {
+  _mm512_stream_si512(reinterpret_cast<__m512i*>(out), bf16_bits32(v0, v1));
 }
 
 // How both kernels sum: the matrix units sum kChunkK values of k at a time from zero, and the chunks' sums

@@ -34,6 +34,9 @@ def cases() -> dict:
         # One panel of rows (M <= 32): the AMX kernel's threads split the b panels, 32 columns to one thread
         # and the 33rd to the other (a thread that wrote past its own columns raced it there).
         "few_rows_split_columns": (torch.randn(20, 200, generator=gen).to(e4m3), torch.randn(33, 200, generator=gen).to(e4m3)),
+        # An output (9 MiB of fp32) larger than the L2 caches of two threads: the AMX kernel writes it with
+        # non-temporal stores.
+        "large_output": (torch.randn(1536, 40, generator=gen).to(e4m3), torch.randn(1504, 40, generator=gen).to(e5m2)),
     }
 
 

@@ -97,7 +97,7 @@ def test_exact_where_every_order_agrees(forced, name):
 
 
 @pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large",
-                                  "few_rows_split_columns"])
+                                  "few_rows_split_columns", "large_output"])
 def test_within_fp32_accumulation_bound(forced, name):
     case = forced[1]["cases"][name]
     ref, abs_sum = reference(case)
@@ -106,7 +106,7 @@ def test_within_fp32_accumulation_bound(forced, name):
 
 
 @pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large",
-                                  "few_rows_split_columns"])
+                                  "few_rows_split_columns", "large_output"])
 def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
     """The bf16 kernels sum the same exact products in another order (chunks of 256 k, their sums added
     plainly up to K = 4096 and with Kahan's compensation beyond): their error against float64 is no larger
