@@ -1,6 +1,9 @@
 // The AVX-512 encode: fp8_format.h's branch-free encode<F>, 16 lanes at a time,
 // with the same integer rounding (so the same bits), rearranged to spend fewer
-// instructions:
+// instructions (the encode is bound by the two vector ports, so every one counts):
+//   * saturation first, in fp32: min(kMax, |v * scale|) is one vminps, which keeps a
+//     NaN (it returns its second operand where either is NaN); so finite codes never
+//     exceed kMaxCode and a NaN's code is above 255;
 //   * normal range: the exponent re-bias is folded into the rounding constant
 //     ((abs - ((127 - bias) << 23) + half - 1 + lsb) >> shift); for abs at or
 //     above the smallest normal nothing wraps, so this is encode's normal_code;
@@ -10,14 +13,15 @@
 //     the subnormal step (that sum's ulp), ties to even, like encode's
 //     (abs * 2^(bias-1+m) + 2^23) - 2^23, which is the same rounding scaled by a
 //     power of two; the code is the difference of the bits;
-//   * the saturation (min with the largest code) is applied to the normal code
-//     only: subnormal codes are at most 2^m, below it; it is masked to the lanes
-//     that are not NaN, the others taking the NaN code in the same instruction;
-//   * for a positive scale, |v * scale| is computed as |v| * scale (the same
-//     rounding: round-to-nearest is symmetric) and the sign taken from v (which
-//     x86 also keeps for a NaN v), reusing |v| from the amax.
-// The codes of 64 values are packed to bytes with two saturating packs (every code,
-// sign included, is below 256) and one lane permutation.
+//   * the codes of 64 values are packed to bytes with two saturating packs (a NaN's
+//     code becomes 0xFF, then kNanCode in one byte min for all 64), and the sign
+//     bits are packed alongside by signed saturating packs of the values (which keep
+//     each sign) and or-ed in, 64 at a time;
+//   * for a positive finite scale (the common case, chosen once per call), |v * scale|
+//     is computed as |v| * scale (the same rounding: round-to-nearest is symmetric)
+//     and the sign taken from v (which x86 also keeps for a NaN v). bf16 values are
+//     fp32's upper halves: their |v| and amax are taken on 32 bf16 lanes at once, and
+//     unpacked with zeros to fp32 in the order the packs restore.
 #include "cast/encode_avx512.h"
 
 #if FP8MP_AVX512_KERNELS
@@ -28,97 +32,140 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 namespace fp8mp::cpu {
 namespace {
 
 FP8MP_TARGET_AVX512 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-FP8MP_TARGET_AVX512 inline __m512 load16(const bf16* x) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));  // bf16 is fp32's upper half
-}
 FP8MP_TARGET_AVX512 inline __m512 load16(const fp16* x) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));  // exact, NaN payload kept
 }
 
-// The first lanes of m, zeros after.
-FP8MP_TARGET_AVX512 inline __m512 load_partial(const float* x, __mmask16 m) { return _mm512_maskz_loadu_ps(m, x); }
-FP8MP_TARGET_AVX512 inline __m512 load_partial(const bf16* x, __mmask16 m) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(m, x);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-FP8MP_TARGET_AVX512 inline __m512 load_partial(const fp16* x, __mmask16 m) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x));
-}
-
-// The encode of 16 values, each lane's code (0..255) in its low byte; the lanes' |v| bits are
-// max-ed into amax on the way.
+// The magnitude codes of 16 values |v * scale| (abs: their bits, sign clear), each lane's code in
+// its low bits: at most kMaxCode where finite, above 255 where NaN (see the top of the file).
 template <Fp8Format F>
-struct Encoder {
+FP8MP_TARGET_AVX512 inline __m512i magnitude_codes(__m512i abs) {
   using T = FormatTraits<F>;
-  static constexpr int kShift = 23 - T::kManBits;
-  static constexpr uint32_t kInfBits = 0x7F800000u;
-  static constexpr uint32_t kMinNormalBits = uint32_t(127 + 1 - T::kBias) << 23;
-  static constexpr uint32_t kRebias = uint32_t(127 - T::kBias) << 23;
-  static constexpr uint32_t kRoundDown = (1u << (kShift - 1)) - 1u;  // half an FP8 ulp, less one: ties go to even
-  static constexpr uint32_t kSubnormalMagicBits = uint32_t(127 + 24 - T::kBias - T::kManBits) << 23;
+  constexpr int kShift = 23 - T::kManBits;
+  constexpr uint32_t kInfBits = 0x7F800000u;
+  constexpr uint32_t kMinNormalBits = uint32_t(127 + 1 - T::kBias) << 23;
+  constexpr uint32_t kRebias = uint32_t(127 - T::kBias) << 23;
+  constexpr uint32_t kRoundDown = (1u << (kShift - 1)) - 1u;  // half an FP8 ulp, less one: ties go to even
+  constexpr uint32_t kSubnormalMagicBits = uint32_t(127 + 24 - T::kBias - T::kManBits) << 23;
 
+  const __m512i clamped = _mm512_castps_si512(_mm512_min_ps(_mm512_set1_ps(T::kMax), _mm512_castsi512_ps(abs)));
+  const __m512i biased = _mm512_add_epi32(clamped, _mm512_set1_epi32(int32_t(kRoundDown - kRebias)));
+  const __mmask16 lsb_set = _mm512_test_epi32_mask(clamped, _mm512_set1_epi32(1 << kShift));
+  __m512i code = _mm512_srli_epi32(_mm512_mask_add_epi32(biased, lsb_set, biased, _mm512_set1_epi32(1)), kShift);
+  const __m512i magic = _mm512_set1_epi32(int32_t(kSubnormalMagicBits));
+  const __m512i subnormal_plus_magic =
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(clamped), _mm512_castsi512_ps(magic)));
+  code = _mm512_mask_sub_epi32(code, _mm512_cmplt_epu32_mask(clamped, _mm512_set1_epi32(int32_t(kMinNormalBits))),
+                               subnormal_plus_magic, magic);
+  if constexpr (T::kHasInf) {  // the clamp took Inf to kMax
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits))),
+                                 _mm512_set1_epi32(T::kInfCode));
+  }
+  return code;
+}
+
+// The encode of 16 fp32 values v, as magnitude codes and, apart, sign bits. kPositiveScale: the scale
+// is known to be positive and finite, so that |v * scale| = |v| * scale and the sign is v's.
+template <Fp8Format F, bool kPositiveScale>
+struct Encoder {
   __m512 scale;
-  bool positive_scale;  // scale > 0 (not NaN): see the top of the file
 
-  FP8MP_TARGET_AVX512 explicit Encoder(float s) : scale(_mm512_set1_ps(s)), positive_scale(s > 0.0f) {}
+  FP8MP_TARGET_AVX512 explicit Encoder(float s) : scale(_mm512_set1_ps(s)) {}
 
-  // The code of |s| (abs: its bits, sign clear).
-  FP8MP_TARGET_AVX512 static __m512i magnitude_code(__m512i abs) {
-    const __m512i biased = _mm512_add_epi32(abs, _mm512_set1_epi32(int32_t(kRoundDown - kRebias)));
-    const __mmask16 lsb_set = _mm512_test_epi32_mask(abs, _mm512_set1_epi32(1 << kShift));
-    const __m512i rounded = _mm512_mask_add_epi32(biased, lsb_set, biased, _mm512_set1_epi32(1));
-    // Saturated, and the NaN code where abs is a NaN.
-    const __mmask16 not_nan = _mm512_cmple_epu32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits)));
-    __m512i code = _mm512_mask_min_epu32(_mm512_set1_epi32(kNanCode), not_nan, _mm512_srli_epi32(rounded, kShift),
-                                         _mm512_set1_epi32(T::kMaxCode));
-    const __m512i magic = _mm512_set1_epi32(int32_t(kSubnormalMagicBits));
-    const __m512i subnormal_plus_magic =
-        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(magic)));
-    code = _mm512_mask_sub_epi32(code, _mm512_cmplt_epu32_mask(abs, _mm512_set1_epi32(int32_t(kMinNormalBits))),
-                                 subnormal_plus_magic, magic);
-    if constexpr (T::kHasInf) {
-      code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(abs, _mm512_set1_epi32(int32_t(kInfBits))),
-                                   _mm512_set1_epi32(T::kInfCode));
-    }
-    return code;
+  // The magnitude codes of |v| * scale (v_abs: |v|'s bits), which a positive scale makes v * scale's.
+  FP8MP_TARGET_AVX512 __m512i abs_codes(__m512i v_abs) const {
+    static_assert(kPositiveScale);
+    return magnitude_codes<F>(_mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(v_abs), scale)));
   }
 
-  FP8MP_TARGET_AVX512 __m512i operator()(__m512 v, __m512i& amax) const {
-    const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
-    const __m512i v_abs = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
-    amax = _mm512_max_epu32(amax, v_abs);
-    __m512i abs, sign_source;
-    if (positive_scale) {
-      abs = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(v_abs), scale));
-      sign_source = _mm512_castps_si512(v);
+  // The magnitude codes of v * scale, and in sign a register whose lanes have their sign bits.
+  FP8MP_TARGET_AVX512 __m512i operator()(__m512 v, __m512i v_abs, __m512i& sign) const {
+    if constexpr (kPositiveScale) {
+      sign = _mm512_castps_si512(v);
+      return abs_codes(v_abs);
     } else {
-      sign_source = _mm512_castps_si512(_mm512_mul_ps(v, scale));
-      abs = _mm512_and_si512(sign_source, abs_mask);
+      sign = _mm512_castps_si512(_mm512_mul_ps(v, scale));
+      return magnitude_codes<F>(_mm512_and_si512(sign, _mm512_set1_epi32(0x7FFFFFFF)));
     }
-    // code | ((sign_source >> 24) & 0x80), in one ternary-logic op (A | (B & C) is 0xF8).
-    return _mm512_ternarylogic_epi32(magnitude_code(abs), _mm512_srli_epi32(sign_source, 24),
-                                     _mm512_set1_epi32(0x80), 0xF8);
   }
 };
 
-// The low bytes of four registers of codes (each below 256), in order.
-FP8MP_TARGET_AVX512 inline __m512i pack_codes(__m512i c0, __m512i c1, __m512i c2, __m512i c3) {
-  // packus works per 128-bit lane: dword 4L + j of the packed bytes holds codes 4L..4L+3 of register j.
-  const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), packed);
+// 64 codes from the saturating packs of their magnitude codes and of their sign sources (the same
+// layout): kNanCode for a NaN, the sign bits or-ed in (A | (B & C) is ternary-logic 0xF8).
+FP8MP_TARGET_AVX512 inline __m512i signed_codes(__m512i packed_codes, __m512i packed_signs) {
+  return _mm512_ternarylogic_epi32(_mm512_min_epu8(packed_codes, _mm512_set1_epi8(kNanCode)), packed_signs,
+                                   _mm512_set1_epi8(char(0x80)), 0xF8);
 }
 
-template <Fp8Format F, typename scalar_t>
-FP8MP_TARGET_AVX512 inline __m512i encode64(const Encoder<F>& encode, const scalar_t* x, __m512i& amax) {
-  const __m512i c0 = encode(load16(x), amax), c1 = encode(load16(x + 16), amax);
-  const __m512i c2 = encode(load16(x + 32), amax), c3 = encode(load16(x + 48), amax);
-  return pack_codes(c0, c1, c2, c3);
+// The encode of 64 values: y[i] = encode<F>(float(x[i]) * scale), 64 codes in a register, with the
+// |x| bits max-ed into amax (whose lanes amax_bits reduces, by the type of x).
+// fp32 and fp16: four registers of 16 values, whose codes packus puts in the order of dword 4L + j =
+// codes 4L..4L+3 of register j (per 128-bit lane); one dword permutation restores it.
+template <Fp8Format F, bool kPositiveScale, typename scalar_t>
+FP8MP_TARGET_AVX512 inline __m512i encode64(const Encoder<F, kPositiveScale>& encode, const scalar_t* x,
+                                            __m512i& amax) {
+  __m512i codes[4], signs[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512 v = load16(x + 16 * j);
+    const __m512i v_abs = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));
+    amax = _mm512_max_epu32(amax, v_abs);
+    codes[j] = encode(v, v_abs, signs[j]);
+  }
+  const __m512i packed_codes = _mm512_packus_epi16(_mm512_packus_epi32(codes[0], codes[1]),
+                                                   _mm512_packus_epi32(codes[2], codes[3]));
+  const __m512i packed_signs = _mm512_packs_epi16(_mm512_packs_epi32(signs[0], signs[1]),
+                                                  _mm512_packs_epi32(signs[2], signs[3]));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+                                  signed_codes(packed_codes, packed_signs));
+}
+
+// bf16: two registers of 32 values; |x| and the amax on the 16-bit lanes, then unpacked with zeros
+// below (bf16 is fp32's upper half) per 128-bit lane: words 0-3 (lo) and 4-7 (hi) of lane L, which
+// packus puts back in order, so that lane L of the packed bytes holds values 8L..8L+7 and then
+// 32+8L..32+8L+7; one qword permutation restores the order. amax holds 16-bit maxima.
+template <Fp8Format F, bool kPositiveScale>
+FP8MP_TARGET_AVX512 inline __m512i encode64(const Encoder<F, kPositiveScale>& encode, const bf16* x, __m512i& amax) {
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i words[2], codes[4], signs[4];
+  for (int j = 0; j < 2; ++j) {
+    words[j] = _mm512_loadu_si512(x + 32 * j);
+    const __m512i abs = _mm512_and_si512(words[j], _mm512_set1_epi16(0x7FFF));
+    amax = _mm512_max_epu16(amax, abs);
+    const __m512i v_abs[2] = {_mm512_unpacklo_epi16(zero, abs), _mm512_unpackhi_epi16(zero, abs)};
+    if constexpr (kPositiveScale) {  // the sign bits are the words', packed below
+      for (int half = 0; half < 2; ++half) codes[2 * j + half] = encode.abs_codes(v_abs[half]);
+    } else {
+      const __m512i v[2] = {_mm512_unpacklo_epi16(zero, words[j]), _mm512_unpackhi_epi16(zero, words[j])};
+      for (int half = 0; half < 2; ++half) {
+        codes[2 * j + half] = encode(_mm512_castsi512_ps(v[half]), v_abs[half], signs[2 * j + half]);
+      }
+    }
+  }
+  const __m512i packed_codes = _mm512_packus_epi16(_mm512_packus_epi32(codes[0], codes[1]),
+                                                   _mm512_packus_epi32(codes[2], codes[3]));
+  const __m512i packed_signs = kPositiveScale ? _mm512_packs_epi16(words[0], words[1])
+                                              : _mm512_packs_epi16(_mm512_packs_epi32(signs[0], signs[1]),
+                                                                   _mm512_packs_epi32(signs[2], signs[3]));
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                  signed_codes(packed_codes, packed_signs));
+}
+
+// The amax's bits from the lanes encode64 max-ed |x| bits into: 32-bit lanes, or 16-bit ones for bf16
+// (the upper halves of fp32 bits, which order the same).
+template <typename scalar_t>
+FP8MP_TARGET_AVX512 inline uint32_t amax_bits(__m512i amax) {
+  if constexpr (std::is_same_v<scalar_t, bf16>) {
+    const __m512i high_halves = _mm512_and_si512(amax, _mm512_set1_epi32(int32_t(0xFFFF0000u)));
+    amax = _mm512_max_epu32(_mm512_slli_epi32(amax, 16), high_halves);
+  }
+  return _mm512_reduce_max_epu32(amax);
 }
 
 // Four 16x16 byte transposes side by side, one per 128-bit lane, in the four rounds of
@@ -159,8 +206,8 @@ struct BlockPrefetch {
 
 // One 64x64 block: its codes to y, and through two local buffers (so that every store to y and yt is
 // a whole 64-byte row of the block) to yt.
-template <Fp8Format F, typename scalar_t>
-FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder<F>& encode, const scalar_t* x, int64_t x_stride,
+template <typename Encoder, typename scalar_t>
+FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder& encode, const scalar_t* x, int64_t x_stride,
                                                        uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
                                                        BlockPrefetch prefetch, __m512i& amax) {
   alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
@@ -181,11 +228,8 @@ FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder<F>& encode,
   for (int c = 0; c < 64; ++c) _mm512_storeu_si512(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64));
 }
 
-}  // namespace
-
-template <Fp8Format F, typename scalar_t>
-FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, int64_t n, float scale) {
-  const Encoder<F> encode(scale);
+template <typename scalar_t, typename Encoder>
+FP8MP_TARGET_AVX512 uint32_t encode_span(const Encoder& encode, const scalar_t* x, uint8_t* y, int64_t n) {
   __m512i amax = _mm512_setzero_si512();
   int64_t i = 0;
   // Software prefetches 512 values ahead, inside the span only (past it the lines may be another
@@ -201,13 +245,39 @@ FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, i
     }
     _mm512_storeu_si512(y + i, encode64(encode, x + i, amax));
   }
-  for (; i < n; i += 16) {
-    const int64_t left = std::min<int64_t>(16, n - i);
-    const __mmask16 m = __mmask16((1u << left) - 1u);
-    // Zeros in the unused lanes: |0| adds nothing to the max.
-    _mm512_mask_cvtepi32_storeu_epi8(y + i, m, encode(load_partial(x + i, m), amax));
+  if (i < n) {  // the last values, zero-padded to 64 (|0| adds nothing to the max), stored masked
+    alignas(64) scalar_t padded[64] = {};
+    std::copy(x + i, x + n, padded);
+    _mm512_mask_storeu_epi8(y + i, (~__mmask64(0)) >> (64 - (n - i)), encode64(encode, padded, amax));
   }
-  return _mm512_reduce_max_epu32(amax);
+  return amax_bits<scalar_t>(amax);
+}
+
+template <typename scalar_t, typename Encoder>
+FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64(const Encoder& encode, const scalar_t* x, int64_t x_stride,
+                                                   uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
+                                                   int64_t blocks) {
+  __m512i amax = _mm512_setzero_si512();
+  for (int64_t b = 0; b < blocks; ++b, x += 64, y += 64, yt += 64 * yt_stride) {
+    cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride, BlockPrefetch{b + 2 < blocks, b + 1 < blocks},
+                           amax);
+  }
+  return amax_bits<scalar_t>(amax);
+}
+
+// run(encoder) with the Encoder for this scale: the faster one where it is positive and finite. Not for
+// +Inf: 0 * Inf is x86's default NaN, whose sign bit is set, whatever the sign of the 0.
+template <Fp8Format F, typename Run>
+FP8MP_TARGET_AVX512 uint32_t with_encoder(float scale, const Run& run) {
+  if (scale > 0.0f && scale < INFINITY) return run(Encoder<F, true>(scale));
+  return run(Encoder<F, false>(scale));
+}
+
+}  // namespace
+
+template <Fp8Format F, typename scalar_t>
+FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, int64_t n, float scale) {
+  return with_encoder<F>(scale, [&](const auto& encode) FP8MP_TARGET_AVX512 { return encode_span(encode, x, y, n); });
 }
 
 FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_stride, uint8_t* dst,
@@ -219,13 +289,9 @@ template <Fp8Format F, typename scalar_t>
 FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
                                                           int64_t blocks, float scale) {
-  const Encoder<F> encode(scale);
-  __m512i amax = _mm512_setzero_si512();
-  for (int64_t b = 0; b < blocks; ++b, x += 64, y += 64, yt += 64 * yt_stride) {
-    cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride, BlockPrefetch{b + 2 < blocks, b + 1 < blocks},
-                           amax);
-  }
-  return _mm512_reduce_max_epu32(amax);
+  return with_encoder<F>(scale, [&](const auto& encode) FP8MP_TARGET_AVX512 {
+    return cast_transpose_rows64(encode, x, x_stride, y, y_stride, yt, yt_stride, blocks);
+  });
 }
 
 #define FP8MP_INSTANTIATE(F, T)                                                                          \

@@ -1,13 +1,14 @@
 // The AVX-512 encode (csrc/cast/encode_avx512.h) against fp8_format.h's scalar
 // encode<F> on every fp32 bit pattern (with scale 1, which only quiets signaling
 // NaNs, the same in both), every bf16 and fp16 bit pattern with several scales,
-// runs of every length up to 140 (64-value steps, then masked 16-value ones),
-// negative and NaN scales, and the amax as bits. And the 16x64 transpose and runs of
+// runs of every length up to 140 (64-value steps, then a zero-padded one stored
+// masked), negative, zero, infinite and NaN scales, and the amax as bits. And the 16x64 transpose and runs of
 // 64x64 cast-transpose blocks against byte-by-byte ones. Skipped on CPUs without AVX-512.
 #define CATCH_CONFIG_PREFIX_ALL
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -100,12 +101,13 @@ CATCH_TEST_CASE("AVX-512 encode handles every run length (the masked tail)", "[e
   }
 }
 
-CATCH_TEST_CASE("AVX-512 encode with negative, zero and NaN scales", "[encode][avx512]") {
+CATCH_TEST_CASE("AVX-512 encode with negative, zero, infinite and NaN scales", "[encode][avx512]") {
   if (!fp8mp::cpu::cpu_features().avx512) return;
   std::vector<fp8mp::bf16> x(1 << 16);
   for (uint32_t b = 0; b < (1u << 16); ++b) x[b].bits = uint16_t(b);
   std::vector<uint8_t> y;
-  for (float scale : {-1.0f, -3.0e4f, 0.0f, -0.0f, fp8mp::bits_to_float(0x7FC00000u), fp8mp::bits_to_float(0xFF800001u)}) {
+  for (float scale : {-1.0f, -3.0e4f, 0.0f, -0.0f, INFINITY, -INFINITY, fp8mp::bits_to_float(0x7FC00000u),
+                      fp8mp::bits_to_float(0xFF800001u)}) {
     CATCH_INFO("scale bits 0x" << std::hex << fp8mp::float_to_bits(scale));
     CATCH_REQUIRE(first_mismatch<Fp8Format::E4M3>(x.data(), int64_t(x.size()), scale, y) == -1);
     CATCH_REQUIRE(first_mismatch<Fp8Format::E5M2>(x.data(), int64_t(x.size()), scale, y) == -1);
