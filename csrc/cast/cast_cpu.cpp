@@ -34,7 +34,8 @@ std::tuple<Tensor, Tensor, std::optional<Tensor>> cast_transpose(const Tensor& x
   *static_cast<float*>(amax.mutable_data_ptr()) = cpu::cast_to_fp8_transpose(
       xc.const_data_ptr(), hp_type(x.scalar_type()), static_cast<uint8_t*>(y.mutable_data_ptr()),
       static_cast<uint8_t*>(yt.mutable_data_ptr()), rows, cols, cpu_scalar(scale), format, stable_parallel_for,
-      sums.has_value() ? static_cast<float*>(sums->mutable_data_ptr()) : nullptr);
+      sums.has_value() ? static_cast<float*>(sums->mutable_data_ptr()) : nullptr,
+      int(torch::stable::get_num_threads()));
   return {y, yt, sums};
 }
 

@@ -17,9 +17,11 @@ float cast_to_fp8(const void* x, HpType x_type, uint8_t* y, int64_t n, float sca
 
 // Same for a row-major rows x cols x, also writing yt, the cols x rows transpose of y; and, where dbias is not
 // nullptr, dbias[c] = the fp32 sum of column c of x: each tile row of kDbiasRows rows summed row by row in
-// fp32, then the tile rows' sums added in order (the same bits for any number of threads).
+// fp32, then the tile rows' sums added in order (the same bits for any number of threads). threads: how many
+// run parallel_for's tasks (y and yt are written with non-temporal stores where they outgrow their L2s).
 float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* yt, int64_t rows, int64_t cols,
-                            float scale, Fp8Format format, ParallelFor parallel_for, float* dbias = nullptr);
+                            float scale, Fp8Format format, ParallelFor parallel_for, float* dbias = nullptr,
+                            int threads = 1);
 
 constexpr int64_t kDbiasRows = 64;  // rows of x summed together before their sums are added to dbias
 

@@ -204,12 +204,22 @@ struct BlockPrefetch {
   bool out_next; // prefetch y and yt of the next block to the right
 };
 
+// One 64-byte row of y or yt: a non-temporal store where streaming and the row is aligned (which needs
+// no prefetch of the line: it is never read), else an ordinary one.
+FP8MP_TARGET_AVX512 inline void store_row64(uint8_t* dst, __m512i codes, bool streaming) {
+  if (streaming && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), codes);
+  } else {
+    _mm512_storeu_si512(dst, codes);
+  }
+}
+
 // One 64x64 block: its codes to y, and through two local buffers (so that every store to y and yt is
 // a whole 64-byte row of the block) to yt.
 template <typename Encoder, typename scalar_t>
 FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder& encode, const scalar_t* x, int64_t x_stride,
                                                        uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                       BlockPrefetch prefetch, __m512i& amax) {
+                                                       BlockPrefetch prefetch, bool streaming, __m512i& amax) {
   alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
   for (int r = 0; r < 64; ++r) {
     if (prefetch.x_ahead) {
@@ -222,10 +232,10 @@ FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder& encode, co
     }
     const __m512i codes = encode64(encode, x + r * x_stride, amax);
     _mm512_store_si512(block + r * 64, codes);
-    _mm512_storeu_si512(y + r * y_stride, codes);
+    store_row64(y + r * y_stride, codes, streaming);
   }
   for (int g = 0; g < 4; ++g) transpose16x64(block + g * 16 * 64, 64, block_t + g * 16, 64);
-  for (int c = 0; c < 64; ++c) _mm512_storeu_si512(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64));
+  for (int c = 0; c < 64; ++c) store_row64(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64), streaming);
 }
 
 template <typename scalar_t, typename Encoder>
@@ -256,12 +266,13 @@ FP8MP_TARGET_AVX512 uint32_t encode_span(const Encoder& encode, const scalar_t* 
 template <typename scalar_t, typename Encoder>
 FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64(const Encoder& encode, const scalar_t* x, int64_t x_stride,
                                                    uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                   int64_t blocks) {
+                                                   int64_t blocks, bool streaming) {
   __m512i amax = _mm512_setzero_si512();
   for (int64_t b = 0; b < blocks; ++b, x += 64, y += 64, yt += 64 * yt_stride) {
-    cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride, BlockPrefetch{b + 2 < blocks, b + 1 < blocks},
-                           amax);
+    cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride,
+                           BlockPrefetch{b + 2 < blocks, b + 1 < blocks && !streaming}, streaming, amax);
   }
+  if (streaming) _mm_sfence();  // non-temporal stores are weakly ordered: done before the caller's work is
   return amax_bits<scalar_t>(amax);
 }
 
@@ -288,16 +299,16 @@ FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_s
 template <Fp8Format F, typename scalar_t>
 FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                          int64_t blocks, float scale) {
+                                                          int64_t blocks, float scale, bool streaming) {
   return with_encoder<F>(scale, [&](const auto& encode) FP8MP_TARGET_AVX512 {
-    return cast_transpose_rows64(encode, x, x_stride, y, y_stride, yt, yt_stride, blocks);
+    return cast_transpose_rows64(encode, x, x_stride, y, y_stride, yt, yt_stride, blocks, streaming);
   });
 }
 
 #define FP8MP_INSTANTIATE(F, T)                                                                          \
   template uint32_t encode_span_avx512<F, T>(const T*, uint8_t*, int64_t, float);                        \
   template uint32_t cast_transpose_rows64_avx512<F, T>(const T*, int64_t, uint8_t*, int64_t, uint8_t*, \
-                                                       int64_t, int64_t, float);
+                                                       int64_t, int64_t, float, bool);
 FP8MP_INSTANTIATE(Fp8Format::E4M3, float)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, bf16)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, fp16)

@@ -2,6 +2,10 @@
 // thread-safe.
 #include "common/cpu_features.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -46,6 +50,14 @@ CpuFeatures detect() { return CpuFeatures{false, false, false}; }
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();
   return features;
+}
+
+bool larger_than_l2_caches(int64_t bytes, int threads) {
+  static const int64_t l2_bytes = [] {
+    const long reported = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return reported > 0 ? int64_t(reported) : int64_t(2) << 20;
+  }();
+  return bytes > l2_bytes * std::max(1, threads);
 }
 
 }  // namespace fp8mp::cpu

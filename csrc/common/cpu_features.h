@@ -4,6 +4,8 @@
 // attributes, never with global -m flags, and called only where these say so.
 #pragma once
 
+#include <cstdint>
+
 namespace fp8mp::cpu {
 
 struct CpuFeatures {
@@ -15,6 +17,11 @@ struct CpuFeatures {
 
 // The features of this CPU (all false off x86-64), computed on first use.
 const CpuFeatures& cpu_features();
+
+// Whether `bytes` of output are more than the L2 caches of `threads` cores hold (sysconf's L2 size, 2 MiB
+// where unknown): its lines then leave the caches before anyone reads them, and the kernels writing it use
+// non-temporal stores, which skip the read of each line an ordinary store makes first.
+bool larger_than_l2_caches(int64_t bytes, int threads);
 
 }  // namespace fp8mp::cpu
 

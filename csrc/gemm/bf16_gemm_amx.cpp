@@ -80,19 +80,6 @@ constexpr int64_t kMinGroupBytes = int64_t(1) << 19, kMaxGroupBytes = int64_t(1)
 
 int64_t steps_of(int64_t K) { return (K + kStep - 1) / kStep; }
 
-// Whether the epilogue writes out with non-temporal stores: where out is larger than the threads' L2
-// caches together, its lines leave them before anyone reads them, and an ordinary store first reads each
-// line from memory. Measured on a Xeon with AMX, 2 threads, 2 MiB L2 each: fp8mp.nn.Linear fwd+bwd
-// 4096x1024x1024 (outputs 8-16 MiB) 24.5-25.6 -> 19.2-21.9 ms with fp32 input, 21.5-22.8 -> 19.1-21.0 ms
-// with bf16; for the 2 MiB outputs of a small GPT's layers the step time did not move beyond noise.
-bool streams_output(int64_t out_bytes, int64_t threads) {
-  static const int64_t l2_bytes = [] {
-    const long reported = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return reported > 0 ? int64_t(reported) : int64_t(2) << 20;
-  }();
-  return out_bytes > l2_bytes * threads;
-}
-
 // The 64-byte tile configuration (palette 1): all eight tiles 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -332,7 +319,10 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
     PendingEpilogue<scalar_t> pending;
     pending.scale = scale;
     pending.ldo = N;
-    pending.streaming = streams_output(M * N * int64_t(sizeof(scalar_t)), threads64);
+    // Non-temporal stores where out outlives the caches (cpu_features.h). Measured on a Xeon with AMX, 2
+    // threads, 2 MiB L2 each: fp8mp.nn.Linear fwd+bwd 4096x1024x1024 (outputs 8-16 MiB) 24.5-25.6 ->
+    // 19.2-21.9 ms with fp32 input, 21.5-22.8 -> 19.1-21.0 ms with bf16.
+    pending.streaming = larger_than_l2_caches(M * N * int64_t(sizeof(scalar_t)), threads);
     int64_t packed_group = -1, epilogues = 0;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t g = t / col_splits, split = t % col_splits;

@@ -132,30 +132,41 @@ CATCH_TEST_CASE("AVX-512 runs of 64x64 cast-transpose blocks equal the scalar en
                 "[transpose][avx512]") {
   if (!fp8mp::cpu::cpu_features().avx512) return;
   // Runs of 1 to 4 blocks: with and without the prefetches of the blocks ahead. Unaligned rows, as
-  // inside a larger matrix, and a margin in every row that nothing may write.
-  for (int64_t blocks = 1; blocks <= 4; ++blocks) {
-    CATCH_INFO("blocks = " << blocks);
-    const int64_t width = 64 * blocks, x_stride = width + 11, y_stride = width + 3, yt_stride = 70;
-    std::vector<fp8mp::fp16> x(64 * x_stride);
-    for (size_t i = 0; i < x.size(); ++i) x[i].bits = uint16_t(i * 2654435761u >> 7);  // every kind of value, NaNs too
-    std::vector<uint8_t> y(64 * y_stride, 0xEE), yt(width * yt_stride, 0xEE);
-    const uint32_t amax = fp8mp::cpu::cast_transpose_rows64_avx512<Fp8Format::E5M2>(
-        x.data(), x_stride, y.data(), y_stride, yt.data(), yt_stride, blocks, 0.375f);
-    uint32_t expected_amax = 0;
-    for (int64_t r = 0; r < 64; ++r) {
-      for (int64_t c = 0; c < width; ++c) {
-        const float v = static_cast<float>(x[r * x_stride + c]);
-        expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
-        const uint8_t code = fp8mp::encode<Fp8Format::E5M2>(v * 0.375f);
-        CATCH_REQUIRE(y[r * y_stride + c] == code);
-        CATCH_REQUIRE(yt[c * yt_stride + r] == code);
+  // inside a larger matrix, and a margin in every row that nothing may write; then 64-byte aligned rows,
+  // with ordinary and with non-temporal stores (streaming: taken only for aligned rows).
+  for (const bool aligned : {false, true}) {
+    for (const bool streaming : {false, true}) {
+      for (int64_t blocks = 1; blocks <= 4; ++blocks) {
+        CATCH_INFO("blocks = " << blocks << ", aligned rows " << aligned << ", streaming " << streaming);
+        const int64_t width = 64 * blocks, x_stride = aligned ? width : width + 11;
+        const int64_t y_stride = aligned ? width + 64 : width + 3, yt_stride = aligned ? 128 : 70;
+        std::vector<fp8mp::fp16> x(64 * x_stride);
+        for (size_t i = 0; i < x.size(); ++i) x[i].bits = uint16_t(i * 2654435761u >> 7);  // every kind of value, NaNs too
+        std::vector<uint8_t> y_storage(64 * y_stride + 64, 0xEE), yt_storage(width * yt_stride + 64, 0xEE);
+        const auto at_64 = [](std::vector<uint8_t>& v) {
+          return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64;
+        };
+        uint8_t* const y = at_64(y_storage);
+        uint8_t* const yt = at_64(yt_storage);
+        const uint32_t amax = fp8mp::cpu::cast_transpose_rows64_avx512<Fp8Format::E5M2>(
+            x.data(), x_stride, y, y_stride, yt, yt_stride, blocks, 0.375f, streaming);
+        uint32_t expected_amax = 0;
+        for (int64_t r = 0; r < 64; ++r) {
+          for (int64_t c = 0; c < width; ++c) {
+            const float v = static_cast<float>(x[r * x_stride + c]);
+            expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
+            const uint8_t code = fp8mp::encode<Fp8Format::E5M2>(v * 0.375f);
+            CATCH_REQUIRE(y[r * y_stride + c] == code);
+            CATCH_REQUIRE(yt[c * yt_stride + r] == code);
+          }
+          for (int64_t c = width; c < y_stride; ++c) CATCH_REQUIRE(y[r * y_stride + c] == 0xEE);
+        }
+        for (int64_t c = 0; c < width; ++c) {
+          for (int64_t r = 64; r < yt_stride; ++r) CATCH_REQUIRE(yt[c * yt_stride + r] == 0xEE);
+        }
+        CATCH_REQUIRE(amax == expected_amax);
       }
-      for (int64_t c = width; c < y_stride; ++c) CATCH_REQUIRE(y[r * y_stride + c] == 0xEE);
     }
-    for (int64_t c = 0; c < width; ++c) {
-      for (int64_t r = 64; r < yt_stride; ++r) CATCH_REQUIRE(yt[c * yt_stride + r] == 0xEE);
-    }
-    CATCH_REQUIRE(amax == expected_amax);
   }
 }
 #endif

@@ -125,7 +125,9 @@ def test_non_contiguous_and_nd_inputs():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 1), (3, 130), (257, 65), (64, 64), (128, 1000)])
+# (2048, 1152): y and yt (4.5 MiB) outgrow two threads' 2 MiB L2 caches, so the kernel streams them
+# (cpu_features.h's larger_than_l2_caches).
+@pytest.mark.parametrize("shape", [(1, 1), (3, 130), (257, 65), (64, 64), (128, 1000), (2048, 1152)])
 def test_transpose_equals_cast_of_transpose(fmt, dtype, shape):
     x = (torch.randn(shape) * 100).to(dtype)
     scale = torch.tensor([1.5])
@@ -142,7 +144,7 @@ def test_transpose_equals_cast_of_transpose(fmt, dtype, shape):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 1), (1, 700), (63, 5), (64, 64), (65, 513), (257, 65), (300, 1100)])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 700), (63, 5), (64, 64), (65, 513), (257, 65), (300, 1100), (2048, 1152)])
 def test_transpose_dbias_fuses_the_column_sums(fmt, dtype, shape):
     """y, yt and amax are cast_to_fp8_transpose's; dbias has exactly the bits of the documented order of fp32
     additions (a reference that adds in another order differs in the last bits: it would fail)."""
