@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -47,6 +48,14 @@ def distributed_results(tmp_path_factory) -> dict[str, dict]:
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     print(f"torchrun: {time.monotonic() - start:.1f} s")
+    if proc.returncode != 0:
+        # Once in a dozen runs (2026-12-05, in CI), torch 2.11's rank 1 aborted at shutdown ("terminate called without
+        # an active exception", SIGABRT) after every scenario's result was written: a second run, not a pass.
+        # A failure that comes back fails the test.
+        warnings.warn(f"torchrun failed (exit {proc.returncode}); running it again. Its output's tail:\n"
+                      + proc.stderr[-2000:])
+        cmd[cmd.index("--master_port") + 1] = str(free_port())
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return {name: torch.load(out_dir / f"{name}.pt") for name in [*dist_worker.SCENARIOS, *dist_worker.AGREEMENTS]}
 
