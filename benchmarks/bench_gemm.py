@@ -20,7 +20,8 @@ import fp8mp
 
 from timing import markdown_table, median_time, parse_shapes, where
 
-DEFAULT_SIZES = {"cpu": "512x1024x1024,2048x2048x2048", "cuda": "1024x1024x1024,4096x4096x4096,8192x8192x8192"}
+# CPU: a small size and the two of the CPU GEMM goal (>= 1.0x bf16 mm at 2048^3 and 4096x1024x1024).
+DEFAULT_SIZES = {"cpu": "512x1024x1024,2048x2048x2048,4096x1024x1024", "cuda": "1024x1024x1024,4096x4096x4096,8192x8192x8192"}
 
 
 def bench_size(M: int, K: int, N: int, device: str, fast_accum: bool) -> dict:
