@@ -104,10 +104,20 @@ FP8MP_TARGET_AVX512 inline __m512i signed_codes(__m512i packed_codes, __m512i pa
                                    _mm512_set1_epi8(char(0x80)), 0xF8);
 }
 
+// The 32-bit lanes of four registers saturated to bytes: unsigned (codes, a NaN's above 255 becoming
+// 0xFF) or signed (sign sources, whose sign bits survive). Both in the packs' order: per 128-bit lane L,
+// dword 4L + j of the result holds lanes 4L..4L+3 of register j.
+FP8MP_TARGET_AVX512 inline __m512i pack_unsigned(const __m512i r[4]) {
+  return _mm512_packus_epi16(_mm512_packus_epi32(r[0], r[1]), _mm512_packus_epi32(r[2], r[3]));
+}
+FP8MP_TARGET_AVX512 inline __m512i pack_signed(const __m512i r[4]) {
+  return _mm512_packs_epi16(_mm512_packs_epi32(r[0], r[1]), _mm512_packs_epi32(r[2], r[3]));
+}
+
 // The encode of 64 values: y[i] = encode<F>(float(x[i]) * scale), 64 codes in a register, with the
 // |x| bits max-ed into amax (whose lanes amax_bits reduces, by the type of x).
-// fp32 and fp16: four registers of 16 values, whose codes packus puts in the order of dword 4L + j =
-// codes 4L..4L+3 of register j (per 128-bit lane); one dword permutation restores it.
+// fp32 and fp16: four registers of 16 values, packed (pack_unsigned, pack_signed) in the order of
+// dword 4L + j = values 4L..4L+3 of register j (per 128-bit lane); one dword permutation restores it.
 template <Fp8Format F, bool kPositiveScale, typename scalar_t>
 FP8MP_TARGET_AVX512 inline __m512i encode64(const Encoder<F, kPositiveScale>& encode, const scalar_t* x,
                                             __m512i& amax) {
@@ -118,12 +128,8 @@ FP8MP_TARGET_AVX512 inline __m512i encode64(const Encoder<F, kPositiveScale>& en
     amax = _mm512_max_epu32(amax, v_abs);
     codes[j] = encode(v, v_abs, signs[j]);
   }
-  const __m512i packed_codes = _mm512_packus_epi16(_mm512_packus_epi32(codes[0], codes[1]),
-                                                   _mm512_packus_epi32(codes[2], codes[3]));
-  const __m512i packed_signs = _mm512_packs_epi16(_mm512_packs_epi32(signs[0], signs[1]),
-                                                  _mm512_packs_epi32(signs[2], signs[3]));
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
-                                  signed_codes(packed_codes, packed_signs));
+                                  signed_codes(pack_unsigned(codes), pack_signed(signs)));
 }
 
 // bf16: two registers of 32 values; |x| and the amax on the 16-bit lanes, then unpacked with zeros
@@ -148,13 +154,9 @@ FP8MP_TARGET_AVX512 inline __m512i encode64(const Encoder<F, kPositiveScale>& en
       }
     }
   }
-  const __m512i packed_codes = _mm512_packus_epi16(_mm512_packus_epi32(codes[0], codes[1]),
-                                                   _mm512_packus_epi32(codes[2], codes[3]));
-  const __m512i packed_signs = kPositiveScale ? _mm512_packs_epi16(words[0], words[1])
-                                              : _mm512_packs_epi16(_mm512_packs_epi32(signs[0], signs[1]),
-                                                                   _mm512_packs_epi32(signs[2], signs[3]));
+  const __m512i packed_signs = kPositiveScale ? _mm512_packs_epi16(words[0], words[1]) : pack_signed(signs);
   return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-                                  signed_codes(packed_codes, packed_signs));
+                                  signed_codes(pack_unsigned(codes), packed_signs));
 }
 
 // The amax's bits from the lanes encode64 max-ed |x| bits into: 32-bit lanes, or 16-bit ones for bf16
@@ -272,7 +274,7 @@ FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64(const Encoder& encode, const 
     cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride,
                            BlockPrefetch{b + 2 < blocks, b + 1 < blocks && !streaming}, streaming, amax);
   }
-  if (streaming) _mm_sfence();  // non-temporal stores are weakly ordered: done before the caller's work is
+  if (streaming) _mm_sfence();  // non-temporal stores are weakly ordered: fenced before the run returns
   return amax_bits<scalar_t>(amax);
 }
 

@@ -240,7 +240,8 @@ FP8MP_TARGET_AMX inline void store_tiles(float* dst) {
 }
 
 // One chunk of an a panel x b panel: the tiles sum `steps` steps from zero, and the sums go to acc (the
-// first chunk) or are added to it (add_chunk_sums); `epilogue_rows` row halves of the pending epilogue are stored per step.
+// first chunk) or are added to it (add_chunk_sums); `epilogue_rows` rows of the pending epilogue are stored
+// per step.
 template <typename scalar_t>
 FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64_t steps, bool first, float* acc,
                                      float* compensation, float* chunk_sums, PendingEpilogue<scalar_t>& pending,
@@ -370,7 +371,7 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
       }
     }
     pending.finish();
-    _mm_sfence();  // non-temporal stores are weakly ordered: done before this thread reports its work done
+    if (pending.streaming) _mm_sfence();  // non-temporal stores are weakly ordered: fenced before the task ends
   });
 }
 
