@@ -146,7 +146,10 @@ def record_module(module: torch.nn.Module) -> bool:
     ran_before = len(stack) > 0 and id(module) in stack[-1]._modules
     for state in stack:
         state._modules[id(module)] = module
-    if torch.is_grad_enabled() and id(module) not in _CONTEXTS.unchecked:
+    # Keyed by id(), which a new module may reuse from a dead one still listed: the entry is this module's
+    # only if its weak reference is to this module.
+    entry = _CONTEXTS.unchecked.get(id(module))
+    if torch.is_grad_enabled() and (entry is None or entry[0]() is not module):
         _CONTEXTS.unchecked[id(module)] = (weakref.ref(module), get_fp8_group())
         module.fp8_meta.step_amax.zero_()  # a new step for LossScaler's check: earlier casts are not in it
     return ran_before

@@ -9,12 +9,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import weakref
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
 import fp8mp
+from fp8mp.scaling import autocast
 from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Format
 
 POISON_STEP = 2
@@ -185,6 +187,20 @@ def test_casts_before_the_scaler_existed_do_not_count():
     scaler = fp8mp.LossScaler()
     run_step(model, torch.optim.SGD(model.parameters(), lr=0.1), scaler, batch(1), DelayedScaling(fp8_format=Format.E4M3))
     assert scaler.num_skipped_steps == 0
+
+
+def test_a_new_layer_is_checked_even_where_a_dead_one_had_its_id():
+    """The modules a step must check are listed by id(), which a new module can reuse from one that died while
+    still listed (no LossScaler step between): the new one must still be listed and its step amaxes reset."""
+    layer = fp8mp.nn.Linear(16, 16)
+    stand_in = fp8mp.nn.Linear(16, 16)  # the dead module's entry, as far as the list can tell
+    autocast.take_unchecked_modules()
+    autocast._CONTEXTS.unchecked[id(layer)] = (weakref.ref(stand_in), None)
+    layer.fp8_meta.step_amax.fill_(math.inf)  # a cast of an earlier step that this step must not count
+    with fp8mp.fp8_autocast(fp8_recipe=DelayedScaling(fp8_format=Format.E4M3)):
+        layer(batch(0))
+    assert [module for module, _ in autocast.take_unchecked_modules()] == [layer]
+    assert bool(layer.fp8_meta.step_amax.isfinite().all())
 
 
 def test_trainer_logs_the_layer_and_the_fallback_policy_counts_it(caplog):
