@@ -10,10 +10,10 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <memory>
 #include <vector>
 
 #include "common/fp8_decode_table.h"
+#include "common/scratch_pool.h"
 
 namespace fp8mp::cpu {
 namespace {
@@ -226,8 +226,6 @@ void block_quantize_transpose_strip_impl(const scalar_t* strip, int64_t r0, int6
   }
 }
 
-std::unique_ptr<float[]> uninitialized_floats(int64_t n) { return std::unique_ptr<float[]>(new float[size_t(n)]); }
-
 // Decode rows [row0, row0 + rows) of a row-major [*, K] FP8 operand into chunk-major fp32:
 // chunk c (width kc = min(block_k, K - c * block_k)) starts at c * block_k * rows, row r at r * kc.
 void decode_chunk_major(const uint8_t* codes, Fp8Format format, int64_t row0, int64_t rows, int64_t K, int64_t block_k,
@@ -264,25 +262,30 @@ void block_scaled_gemm_impl(const BlockOperand& a, const BlockOperand& b, int64_
     return;
   }
   const int64_t full_chunks = K / block_k, tail = K % block_k, n_chunks = ceil_div(K, block_k);
-  const auto b_f32 = uninitialized_floats(N * K);
-  decode_chunk_major(b.data, b.format, 0, N, K, block_k, b_f32.get(), parallel_for);
+  // Decoded operands and partial sums in scratch_pool.h's buffers: fresh pages each call would cost more
+  // than the decode.
+  const ScratchBuffer b_storage(size_t(N * K) * sizeof(float));
+  float* const b_f32 = b_storage.as<float>();
+  decode_chunk_major(b.data, b.format, 0, N, K, block_k, b_f32, parallel_for);
   std::vector<float> b_scales(static_cast<size_t>(n_chunks * N), 0.0f);  // [chunk][n]
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < n_chunks; ++c) b_scales[size_t(c * N + n)] = scale_at(b, n_chunks, n, c);
   }
   // Rows of a per pass: its fp32 copy and the partial products of all chunks stay within kBlockElements.
   const int64_t block_m = std::min(M, std::max<int64_t>(1, kBlockElements / std::max(K, n_chunks * N)));
-  const auto a_f32 = uninitialized_floats(block_m * K);
-  const auto partial = uninitialized_floats(block_m * N * n_chunks);  // [chunk][row][n]
+  const ScratchBuffer a_storage(size_t(block_m * K) * sizeof(float));
+  const ScratchBuffer partial_storage(size_t(block_m * N * n_chunks) * sizeof(float));  // [chunk][row][n]
+  float* const a_f32 = a_storage.as<float>();
+  float* const partial = partial_storage.as<float>();
   const int64_t row_grain = std::max<int64_t>(1, kGrainElements / (N * n_chunks));
   for (int64_t row0 = 0; row0 < M; row0 += block_m) {
     const int64_t rows = std::min(block_m, M - row0);
-    decode_chunk_major(a.data, a.format, row0, rows, K, block_k, a_f32.get(), parallel_for);
+    decode_chunk_major(a.data, a.format, row0, rows, K, block_k, a_f32, parallel_for);
     // Every chunk's fp32 sums: the full chunks in one batched GEMM, the shorter last chunk in another.
-    if (full_chunks > 0) matmul(a_f32.get(), b_f32.get(), partial.get(), full_chunks, rows, N, block_k);
+    if (full_chunks > 0) matmul(a_f32, b_f32, partial, full_chunks, rows, N, block_k);
     if (tail > 0) {
       const int64_t k0 = full_chunks * block_k;
-      matmul(a_f32.get() + k0 * rows, b_f32.get() + k0 * N, partial.get() + full_chunks * rows * N, 1, rows, N, tail);
+      matmul(a_f32 + k0 * rows, b_f32 + k0 * N, partial + full_chunks * rows * N, 1, rows, N, tail);
     }
     scalar_t* out_rows = out + row0 * N;
     parallel_for(0, rows, row_grain, [&](int64_t begin, int64_t end) {
@@ -291,7 +294,7 @@ void block_scaled_gemm_impl(const BlockOperand& a, const BlockOperand& b, int64_
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t c = 0; c < n_chunks; ++c) {  // in chunk order
           const float sa = scale_at(a, n_chunks, row0 + r, c);
-          const float* p = partial.get() + (c * rows + r) * N;
+          const float* p = partial + (c * rows + r) * N;
           const float* sb = b_scales.data() + c * N;
           for (int64_t n = 0; n < N; ++n) acc[size_t(n)] = acc[size_t(n)] + p[n] * (sa * sb[n]);
         }
