@@ -19,7 +19,7 @@ import torch
 import fp8mp
 from fp8mp.ops.format import FP8_DTYPES, FP8_MAX
 
-from timing import cpu_matrix_units, format_size, markdown_table, median_time, parse_size, where
+from timing import cpu_matrix_units, format_size, markdown_table, parse_size, time_peers, where
 
 DEFAULT_SIZES = {"cpu": "1M,4M,16M,64M", "cuda": "1M,16M,64M,256M"}
 
@@ -42,14 +42,10 @@ def bench_one(numel: int, dtype: torch.dtype, device: str, transpose: bool, fmt:
         def fused():
             return fp8mp.cast_to_fp8(x, scale, amax, fmt)
 
-    peers = (fused, eager, lambda: x.clone())
-    # One call of each before timing any: the allocator then serves all three in the same state. Timed
-    # first in a fresh process, fused's outputs (2 MiB at 1M elements) sat at glibc's heap-trim threshold,
-    # which rises with the largest block freed so far: in about half the runs every call got fresh pages
-    # from the kernel (600+ page faults per call, 3x the time) until a larger peer had run.
-    for f in peers:
-        f()
-    t_fused, t_eager, t_clone = (median_time(f, device) for f in peers)
+    # All three warmed up before any is timed (timing.time_peers): timed first in a fresh process, fused's 2 MiB
+    # outputs at 1M elements got fresh pages in about half the runs (600+ page faults a call, 3x the time).
+    timed = time_peers({"fused": fused, "eager": eager, "clone": lambda: x.clone()}, device)
+    t_fused, t_eager, t_clone = (timed[name][0] for name in ("fused", "eager", "clone"))
     in_bytes = x.numel() * x.element_size()
     fused_bytes = in_bytes + x.numel() * (2 if transpose else 1)
     return {

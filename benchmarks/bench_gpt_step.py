@@ -9,6 +9,7 @@ so FP8 is not expected to beat BF16 there: this measures the overhead of the FP8
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 import fp8mp  # noqa: E402
 from gpt_model import GPT, GPTConfig  # noqa: E402
-from timing import markdown_table, median_time, where  # noqa: E402
+from timing import markdown_table, time_peers, where  # noqa: E402
 from train_gpt import PRECISIONS, train_step  # noqa: E402
 
 from fp8mp.recipe import DelayedScaling  # noqa: E402
@@ -36,13 +37,14 @@ def run(device: str, layers: int | None = None, d_model: int | None = None, batc
     x = torch.randint(0, config.vocab_size, (batch, config.context), generator=gen).to(device)
     y = torch.randint(0, config.vocab_size, (batch, config.context), generator=gen).to(device)
     recipe = DelayedScaling(amax_history_len=16)
-    times = {}
+    steps = {}
     for key, precision in PRECISIONS.items():
         torch.manual_seed(0)
         model = GPT(config).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        times[key] = median_time(lambda: train_step(model, optimizer, x, y, precision, recipe, 1.0, device), device,
-                                 min_repeats=5, min_seconds=1.0)
+        steps[key] = functools.partial(train_step, model, optimizer, x, y, precision, recipe, 1.0, device)
+    timed = time_peers(steps, device, min_repeats=5, min_seconds=1.0)
+    times = {key: seconds for key, (seconds, _) in timed.items()}
     shape = f"{config.n_layers} layers, d={config.d_model}, {batch}x{config.context} tokens"
     return [{"shape": shape, **{f"{k}_ms": t * 1e3 for k, t in times.items()}}]
 

@@ -22,7 +22,7 @@ import torch
 import fp8mp
 from fp8mp.recipe import DelayedScaling
 
-from timing import markdown_table, median_time, parse_shapes, where
+from timing import markdown_table, parse_shapes, time_peers, where
 
 
 DEFAULT_SHAPES = {"cpu": "4096x1024x1024,8192x2048x2048", "cuda": "4096x4096x4096,16384x8192x8192"}
@@ -59,15 +59,20 @@ def bench_shape(m: int, k: int, n: int, device: str) -> dict:
     g32 = torch.randn(m, n, device=device)
     x16 = x32.detach().bfloat16().requires_grad_(True)
     g16 = g32.bfloat16()
-    row = {"shape": f"{m}x{k}x{n}"}
-    row["fp8mp_ms"] = median_time(fwd_bwd(fp8_layer, x32 if device == "cpu" else x16, g32 if device == "cpu" else g16, fp8=True), device) * 1e3
+    fp8_x, fp8_g = (x32, g32) if device == "cpu" else (x16, g16)
+    steps = {"fp8mp": fwd_bwd(fp8_layer, fp8_x, fp8_g, fp8=True)}
     if device == "cpu":
-        row["fp32_ms"] = median_time(fwd_bwd(base, x32, g32), device) * 1e3
+        steps["fp32"] = fwd_bwd(base, x32, g32)
         # The same layer fed the bf16 input and gradient the bf16 peer gets (activations in bf16, as under autocast).
-        row["fp8mp_bf16_in_ms"] = median_time(fwd_bwd(copy.deepcopy(fp8_layer), x16, g16, fp8=True), device) * 1e3
-    row["bf16_ms"] = median_time(fwd_bwd(copy.deepcopy(base).bfloat16(), x16, g16), device) * 1e3
+        steps["fp8mp_bf16_in"] = fwd_bwd(copy.deepcopy(fp8_layer), x16, g16, fp8=True)
+    steps["bf16"] = fwd_bwd(copy.deepcopy(base).bfloat16(), x16, g16)
     ao = torchao_emulated(base) if device == "cpu" else None
-    row["torchao_emulate_ms"] = median_time(fwd_bwd(ao, x32, g32), device) * 1e3 if ao is not None else float("nan")
+    if ao is not None:
+        steps["torchao_emulate"] = fwd_bwd(ao, x32, g32)
+    timed = time_peers(steps, device)
+    row = {"shape": f"{m}x{k}x{n}", "torchao_emulate_ms": float("nan")}
+    row.update({f"{name}_ms": seconds * 1e3 for name, (seconds, _) in timed.items()})
+    row["page_faults"] = {name: faults for name, (_, faults) in timed.items()}
     return row
 
 
@@ -84,7 +89,12 @@ def table(rows: list[dict], device: str) -> str:
         headers += ["fp8mp bf16-in ms", "bf16-in vs bf16"]
         for r, row_cells in zip(rows, cells):
             row_cells += [f"{r['fp8mp_bf16_in_ms']:.1f}", f"{r['bf16_ms'] / r['fp8mp_bf16_in_ms']:.2f}x"]
-    return markdown_table(f"fp8mp.nn.Linear forward+backward, {where(device)}", headers, cells)
+    text = markdown_table(f"fp8mp.nn.Linear forward+backward, {where(device)}", headers, cells)
+    if device == "cpu":  # the allocator's share (timing.time_peers): fresh pages cost about 1 us per 4 KiB
+        text += "\n\nminor page faults per step: " + "; ".join(
+            f"{r['shape']}: " + ", ".join(f"{name} {faults:.0f}" for name, faults in r["page_faults"].items())
+            for r in rows)
+    return text
 
 
 def run(device: str, shapes: str | None = None) -> list[dict]:

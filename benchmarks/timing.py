@@ -34,6 +34,41 @@ def median_time(fn: Callable[[], object], device: str, min_repeats: int = 5, min
     return statistics.median(times)
 
 
+def minor_page_faults() -> int:
+    """This process's minor page faults so far (0 where the platform does not count them)."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_peers(peers: dict[str, Callable[[], object]], device: str, **median_kwargs) -> dict[str, tuple[float, float]]:
+    """{name: (median seconds, minor page faults per call)} of each peer, all warmed up once before any is timed.
+
+    The warm-up matters on CPU: whether a large output gets recycled heap pages or fresh ones from the kernel
+    (about 1 us per 4 KiB page, zero-filled on first touch) depends on glibc's trim and mmap thresholds, which move
+    with the largest blocks freed so far. Timed first in a fresh process, an fp32-output FP8 Linear step at
+    4096x1024x1024 took about 3,000 faults a step (3-4 ms of 18); after every peer had run once, none did. The
+    faults per call are reported so that a reader can see the allocator's share.
+    """
+    for fn in peers.values():
+        fn()
+    results = {}
+    for name, fn in peers.items():
+        calls = 0
+
+        def counted(fn=fn):
+            nonlocal calls
+            calls += 1
+            return fn()
+
+        faults_before = minor_page_faults()
+        seconds = median_time(counted, device, **median_kwargs)
+        results[name] = (seconds, (minor_page_faults() - faults_before) / max(calls, 1))
+    return results
+
+
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
     """'4096x1024x1024,8192x2048x2048' -> [(4096, 1024, 1024), (8192, 2048, 2048)]."""
     shapes = []
