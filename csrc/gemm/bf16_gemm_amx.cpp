@@ -162,10 +162,12 @@ FP8MP_TARGET_AMX void pack_b_panel(const uint8_t* codes, int64_t cols, int64_t K
   }
 }
 
-// pack(t) for the panels t in [0, count), in parallel, a few panels of K codes per task.
+// pack(t) for the panels t in [0, count), in parallel: about 64 Ki codes per task, but a share for every
+// thread where that gives each fewer panels than that.
 template <typename Pack>
-void pack_in_parallel(int64_t count, int64_t K, const Pack& pack, ParallelFor parallel_for) {
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (kPanel * std::max<int64_t>(K, 1)));
+void pack_in_parallel(int64_t count, int64_t K, int threads, const Pack& pack, ParallelFor parallel_for) {
+  const int64_t by_size = std::max<int64_t>(1, (int64_t(1) << 16) / (kPanel * std::max<int64_t>(K, 1)));
+  const int64_t grain = std::min(by_size, (count + std::max(threads, 1) - 1) / std::max(threads, 1));
   parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) pack(t);
   });
@@ -288,7 +290,7 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
   const ScratchBuffer b_storage(size_t(col_panels * panel_words) * 4);
   uint32_t* const b_packed = b_storage.as<uint32_t>();
   const Bf16Decoder b_decode(bf16_decode_table_for(b_format)), a_decode(bf16_decode_table_for(a_format));
-  pack_in_parallel(col_panels, K, [&](int64_t t) {
+  pack_in_parallel(col_panels, K, threads, [&](int64_t t) {
     pack_b_panel(b, N, K, t * kPanel, b_decode, b_packed + t * panel_words);
   }, parallel_for);
 
