@@ -25,6 +25,7 @@
 #include "gemm/gemm_cpu_kernels.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/fp8_decode_table.h"
 #include "common/scratch_pool.h"
@@ -46,15 +47,20 @@ void decode_into(const uint8_t* codes, float* out, int64_t n, Fp8Format format, 
   });
 }
 
-// out[r, n] = scalar_t(acc[r, n] * scale + bias[n]) for rows x N values: the one rounding to out_dtype.
+// out[r, n] = scalar_t(acc[r, n] * scale + bias[n]) for rows x N values: the one rounding to out_dtype. acc may
+// be out itself (fp32 out): each value is read before it is written.
 template <typename scalar_t>
 void epilogue(const float* acc, float scale, const scalar_t* bias, scalar_t* out, int64_t rows, int64_t N,
               ParallelFor parallel_for) {
-  parallel_for(0, rows * N, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float v = acc[i] * scale;
-      if (bias != nullptr) v = v + static_cast<float>(bias[i % N]);
-      out[i] = static_cast<scalar_t>(v);
+  parallel_for(0, rows, std::max<int64_t>(1, kGrain / N), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* acc_row = acc + r * N;
+      scalar_t* out_row = out + r * N;
+      if (bias == nullptr) {
+        for (int64_t n = 0; n < N; ++n) out_row[n] = static_cast<scalar_t>(acc_row[n] * scale);
+      } else {
+        for (int64_t n = 0; n < N; ++n) out_row[n] = static_cast<scalar_t>(acc_row[n] * scale + static_cast<float>(bias[n]));
+      }
     }
   });
 }
@@ -68,11 +74,14 @@ void fp32_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format
   float* const b_dec = b_storage.as<float>();
   decode_into(b, b_dec, N * K, b_format, parallel_for);
   const int64_t block_rows = std::min(M, std::max<int64_t>(1, kBlockElements / K));
-  const ScratchBuffer a_storage(size_t(block_rows * K) * sizeof(float)), acc_storage(size_t(block_rows * N) * sizeof(float));
+  // An fp32 out holds the sums itself and takes the epilogue in place (one buffer less to pass through the caches).
+  constexpr bool kSumsInOut = std::is_same_v<scalar_t, float>;
+  const ScratchBuffer a_storage(size_t(block_rows * K) * sizeof(float));
+  const ScratchBuffer acc_storage(kSumsInOut ? 0 : size_t(block_rows * N) * sizeof(float));
   float* const a_block = a_storage.as<float>();
-  float* const acc = acc_storage.as<float>();
   for (int64_t row0 = 0; row0 < M; row0 += block_rows) {
     const int64_t rows = std::min(block_rows, M - row0);
+    float* const acc = kSumsInOut ? reinterpret_cast<float*>(out + row0 * N) : acc_storage.as<float>();
     decode_into(a + row0 * K, a_block, rows * K, a_format, parallel_for);
     matmul(a_block, b_dec, acc, rows, N, K);
     epilogue(acc, scale, bias, out + row0 * N, rows, N, parallel_for);
