@@ -55,6 +55,23 @@ def gemms(one: torch.Tensor, operands: dict) -> dict:
     return out
 
 
+EPILOGUE_SCALES = (0.5, 0.375)  # a_scale_inv, b_scale_inv: their product 0.1875 is exact in fp32
+
+
+def epilogues(operands: dict) -> dict:
+    """(name, out dtype) -> (bias, fp8_gemm with scales and bias) for a ragged case and a many-row one (which the
+    fp32 path takes in several row blocks, its fp32 out holding the sums in place)."""
+    gen = torch.Generator().manual_seed(5)
+    sa, sb = (torch.tensor([s]) for s in EPILOGUE_SCALES)
+    out = {}
+    for name in ("ragged_large", "many_rows"):
+        a, b = operands[name]
+        for dtype in (torch.float32, torch.bfloat16):
+            bias = torch.randn(b.shape[0], generator=gen).to(dtype)
+            out[name, str(dtype)] = (bias, fp8mp.fp8_gemm(a, sa, b, sb, bias, out_dtype=dtype))
+    return out
+
+
 def main(out_path: str) -> None:
     one = torch.ones(1)
     operands = cases()
@@ -63,6 +80,7 @@ def main(out_path: str) -> None:
     for name, (a, b) in operands.items():
         results["cases"][name] = (a.view(torch.uint8), str(a.dtype), b.view(torch.uint8), str(b.dtype), plain[name])
     results["block_scaled"] = plain["block_scaled"]
+    results["epilogues"] = epilogues(operands)
     # Every case again: a kernel whose threads race to write the same output gives other bits some times.
     results["repeated"] = [gemms(one, operands) for _ in range(3)]
     # The same GEMMs under the user's torch.autocast(cpu, bf16), then with the fp32 matmul precision lowered

@@ -119,6 +119,20 @@ def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
     assert err.max() <= 2 * err_fp32.max(), (err.max(), err_fp32.max())
 
 
+def test_epilogue_scales_adds_bias_and_rounds_once(forced):
+    """out = out_dtype(sum * (a_scale_inv * b_scale_inv) + bias) in fp32, the sum being the same path's unscaled
+    one: the epilogue bit for bit, fp32 and bf16 out, one row block and several."""
+    from gemm_path_worker import EPILOGUE_SCALES
+
+    results = forced[1]
+    scale = torch.tensor(EPILOGUE_SCALES[0], dtype=torch.float32) * torch.tensor(EPILOGUE_SCALES[1], dtype=torch.float32)
+    assert set(results["epilogues"]) == {(n, str(d)) for n in ("ragged_large", "many_rows")
+                                         for d in (torch.float32, torch.bfloat16)}
+    for (name, dtype), (bias, out) in results["epilogues"].items():
+        expected = (results["cases"][name][4] * scale + bias.float()).to(bias.dtype)
+        assert out.dtype == bias.dtype and torch.equal(out, expected), (name, dtype)
+
+
 def test_the_same_bits_every_call(forced):
     """Each output element is written by one thread from one order of additions: repeated calls agree."""
     results = forced[1]
