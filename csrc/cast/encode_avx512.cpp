@@ -39,6 +39,10 @@ namespace fp8mp::cpu {
 namespace {
 
 FP8MP_TARGET_AVX512 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+FP8MP_TARGET_AVX512 inline __m512 load16(const bf16* x) {  // bf16 is fp32's upper half: exact
+  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
 FP8MP_TARGET_AVX512 inline __m512 load16(const fp16* x) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));  // exact, NaN payload kept
 }
@@ -216,13 +220,25 @@ FP8MP_TARGET_AVX512 inline void store_row64(uint8_t* dst, __m512i codes, bool st
   }
 }
 
+// The 64 values of a row as fp32, added to the block's column sums (sums = row for the block's first row):
+// each column summed row by row in fp32, as cast_cpu_kernels.cpp's column_sums does, while the row is in L1.
+template <typename scalar_t>
+FP8MP_TARGET_AVX512 inline void add_row64(const scalar_t* x, __m512 sums[4], bool first) {
+  for (int q = 0; q < 4; ++q) {
+    const __m512 v = load16(x + 16 * q);
+    sums[q] = first ? v : _mm512_add_ps(sums[q], v);
+  }
+}
+
 // One 64x64 block: its codes to y, and through two local buffers (so that every store to y and yt is
-// a whole 64-byte row of the block) to yt.
+// a whole 64-byte row of the block) to yt; where col_sums is not nullptr, its 64 columns' sums too.
 template <typename Encoder, typename scalar_t>
 FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder& encode, const scalar_t* x, int64_t x_stride,
                                                        uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                       BlockPrefetch prefetch, bool streaming, __m512i& amax) {
+                                                       BlockPrefetch prefetch, bool streaming, __m512i& amax,
+                                                       float* col_sums) {
   alignas(64) uint8_t block[64 * 64], block_t[64 * 64];
+  __m512 sums[4];
   for (int r = 0; r < 64; ++r) {
     if (prefetch.x_ahead) {
       const char* ahead = reinterpret_cast<const char*>(x + r * x_stride + 2 * 64);
@@ -235,6 +251,10 @@ FP8MP_TARGET_AVX512 inline void cast_transpose_block64(const Encoder& encode, co
     const __m512i codes = encode64(encode, x + r * x_stride, amax);
     _mm512_store_si512(block + r * 64, codes);
     store_row64(y + r * y_stride, codes, streaming);
+    if (col_sums != nullptr) add_row64(x + r * x_stride, sums, r == 0);
+  }
+  if (col_sums != nullptr) {
+    for (int q = 0; q < 4; ++q) _mm512_storeu_ps(col_sums + 16 * q, sums[q]);
   }
   for (int g = 0; g < 4; ++g) transpose16x64(block + g * 16 * 64, 64, block_t + g * 16, 64);
   for (int c = 0; c < 64; ++c) store_row64(yt + c * yt_stride, _mm512_load_si512(block_t + c * 64), streaming);
@@ -268,11 +288,12 @@ FP8MP_TARGET_AVX512 uint32_t encode_span(const Encoder& encode, const scalar_t* 
 template <typename scalar_t, typename Encoder>
 FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64(const Encoder& encode, const scalar_t* x, int64_t x_stride,
                                                    uint8_t* y, int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                   int64_t blocks, bool streaming) {
+                                                   int64_t blocks, bool streaming, float* col_sums) {
   __m512i amax = _mm512_setzero_si512();
   for (int64_t b = 0; b < blocks; ++b, x += 64, y += 64, yt += 64 * yt_stride) {
     cast_transpose_block64(encode, x, x_stride, y, y_stride, yt, yt_stride,
-                           BlockPrefetch{b + 2 < blocks, b + 1 < blocks && !streaming}, streaming, amax);
+                           BlockPrefetch{b + 2 < blocks, b + 1 < blocks && !streaming}, streaming, amax,
+                           col_sums != nullptr ? col_sums + 64 * b : nullptr);
   }
   if (streaming) _mm_sfence();  // non-temporal stores are weakly ordered: fenced before the run returns
   return amax_bits<scalar_t>(amax);
@@ -301,16 +322,17 @@ FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_s
 template <Fp8Format F, typename scalar_t>
 FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                          int64_t blocks, float scale, bool streaming) {
+                                                          int64_t blocks, float scale, bool streaming,
+                                                          float* col_sums) {
   return with_encoder<F>(scale, [&](const auto& encode) FP8MP_TARGET_AVX512 {
-    return cast_transpose_rows64(encode, x, x_stride, y, y_stride, yt, yt_stride, blocks, streaming);
+    return cast_transpose_rows64(encode, x, x_stride, y, y_stride, yt, yt_stride, blocks, streaming, col_sums);
   });
 }
 
 #define FP8MP_INSTANTIATE(F, T)                                                                          \
   template uint32_t encode_span_avx512<F, T>(const T*, uint8_t*, int64_t, float);                        \
   template uint32_t cast_transpose_rows64_avx512<F, T>(const T*, int64_t, uint8_t*, int64_t, uint8_t*, \
-                                                       int64_t, int64_t, float, bool);
+                                                       int64_t, int64_t, float, bool, float*);
 FP8MP_INSTANTIATE(Fp8Format::E4M3, float)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, bf16)
 FP8MP_INSTANTIATE(Fp8Format::E4M3, fp16)

@@ -25,10 +25,13 @@ FP8MP_TARGET_AVX512 uint32_t encode_span_avx512(const scalar_t* x, uint8_t* y, i
 // r < 64, c < 64 * blocks; returns the amax's bits. Prefetches each block's data a block or two ahead,
 // within the run only (never another thread's lines). streaming: y's and yt's 64-byte aligned rows are
 // written with non-temporal stores (then fenced), for outputs larger than the caches (cpu_features.h).
+// col_sums (nullptr: none): col_sums[c] = float(x[0 * x_stride + c]) + ... + float(x[63 * x_stride + c]), added
+// in row order in fp32, for c < 64 * blocks (a bias gradient's tile-row sums, from the rows while in L1).
 template <Fp8Format F, typename scalar_t>
 FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int64_t x_stride, uint8_t* y,
                                                           int64_t y_stride, uint8_t* yt, int64_t yt_stride,
-                                                          int64_t blocks, float scale, bool streaming = false);
+                                                          int64_t blocks, float scale, bool streaming = false,
+                                                          float* col_sums = nullptr);
 
 // dst[j * dst_stride + i] = src[i * src_stride + j] for i < 16, j < 64.
 FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride);

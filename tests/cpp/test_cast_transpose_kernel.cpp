@@ -51,6 +51,36 @@ void check_shape(const std::vector<scalar_t>& x, fp8mp::HpType x_type, int64_t r
   CATCH_REQUIRE(amax == expected_amax);
 }
 
+// With dbias: the same y and yt, and dbias[c] with the bits of the documented order (kDbiasRows rows at a
+// time summed row by row in fp32, then those sums in order), whichever of the kernel's pieces summed them
+// (the AVX-512 blocks while casting, the portable loop for the columns past the last whole block).
+template <Fp8Format F, typename scalar_t>
+void check_dbias(const std::vector<scalar_t>& x, fp8mp::HpType x_type, int64_t rows, int64_t cols, float scale,
+                 fp8mp::ParallelFor parallel_for) {
+  CATCH_INFO(rows << " x " << cols << " with dbias");
+  const int64_t n = rows * cols;
+  std::vector<uint8_t> y(n), yt(n), y_plain(n), yt_plain(n);
+  std::vector<float> dbias(cols + 16, -7.0f);  // guard values after the columns
+  fp8mp::cpu::cast_to_fp8_transpose(x.data(), x_type, y_plain.data(), yt_plain.data(), rows, cols, scale, F,
+                                    parallel_for);
+  fp8mp::cpu::cast_to_fp8_transpose(x.data(), x_type, y.data(), yt.data(), rows, cols, scale, F, parallel_for,
+                                    dbias.data());
+  CATCH_REQUIRE((y == y_plain && yt == yt_plain));
+  for (int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (int64_t r0 = 0; r0 < rows; r0 += fp8mp::cpu::kDbiasRows) {
+      float tile = static_cast<float>(x[r0 * cols + c]);
+      for (int64_t r = r0 + 1; r < std::min(rows, r0 + fp8mp::cpu::kDbiasRows); ++r) tile += static_cast<float>(x[r * cols + c]);
+      total = r0 == 0 ? tile : total + tile;
+    }
+    if (fp8mp::float_to_bits(dbias[c]) != fp8mp::float_to_bits(total)) {
+      CATCH_INFO("column " << c << ": " << dbias[c] << ", expected " << total);
+      CATCH_REQUIRE(false);
+    }
+  }
+  for (int64_t c = cols; c < cols + 16; ++c) CATCH_REQUIRE(dbias[c] == -7.0f);
+}
+
 template <typename scalar_t>
 std::vector<scalar_t> values(int64_t n) {
   std::vector<scalar_t> x(n);
@@ -75,6 +105,7 @@ CATCH_TEST_CASE("cast_to_fp8_transpose kernel equals the scalar encode and a byt
       check_shape<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_whole);
       check_shape<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_pieces);
       check_shape<Fp8Format::E5M2>(x, fp8mp::HpType::Float32, rows, cols, 0.25f, run_in_pieces);
+      check_dbias<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_pieces);
     }
   }
 }
@@ -86,6 +117,10 @@ CATCH_TEST_CASE("cast_to_fp8_transpose kernel with bf16 and fp16 input", "[trans
                                    run_in_pieces);
       check_shape<Fp8Format::E5M2>(values<fp8mp::fp16>(rows * cols), fp8mp::HpType::Float16, rows, cols, 2.0f,
                                    run_whole);
+      check_dbias<Fp8Format::E4M3>(values<fp8mp::bf16>(rows * cols), fp8mp::HpType::BFloat16, rows, cols, 2.0f,
+                                   run_whole);
+      check_dbias<Fp8Format::E5M2>(values<fp8mp::fp16>(rows * cols), fp8mp::HpType::Float16, rows, cols, 2.0f,
+                                   run_in_pieces);
     }
   }
 }
