@@ -27,8 +27,10 @@ unsigned long long xcr0() {
 }
 
 CpuFeatures detect() {
-  CpuFeatures f{false, false, false};
+  CpuFeatures f{false, false, false, false};
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __cpuid(0, eax, ebx, ecx, edx);
+  f.intel = ebx == 0x756E6547u && edx == 0x49656E69u && ecx == 0x6C65746Eu;  // "Genu" "ineI" "ntel"
   if (__get_cpuid_max(0, nullptr) < 7) return f;
   __cpuid(1, eax, ebx, ecx, edx);
   const bool osxsave = (ecx >> 27) & 1u;
@@ -42,7 +44,7 @@ CpuFeatures detect() {
   return f;
 }
 #else
-CpuFeatures detect() { return CpuFeatures{false, false, false}; }
+CpuFeatures detect() { return CpuFeatures{false, false, false, false}; }
 #endif
 
 }  // namespace

@@ -13,6 +13,8 @@ struct CpuFeatures {
   bool avx512_bf16;  // CPUID.(7,1):EAX[5]: vdpbf16ps, a bf16 dot product with fp32 sums
   bool amx_bf16;     // CPUID.(7,0):EDX[22]: AMX tiles with bf16 inputs, with the OS saving the tile state
                      // (a process must still ask Linux for the tile data: bf16_gemm_amx.h's amx_bf16_usable)
+  bool intel;        // CPUID.0 vendor "GenuineIntel": its cores run vdpbf16ps at half the fp32 FMAs' FLOP rate
+                     // (cpu_gemm_path.cpp)
 };
 
 // The features of this CPU (all false off x86-64), computed on first use.

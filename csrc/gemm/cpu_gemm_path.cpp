@@ -18,7 +18,12 @@ GemmPath gemm_path() {
     if (is("avx512bf16")) return have_avx512_kernel ? GemmPath::Avx512Bf16 : GemmPath::Fp32;
     if (is("amx")) return amx_bf16_usable() ? GemmPath::Amx : GemmPath::Fp32;
     if (amx_bf16_usable()) return GemmPath::Amx;
-    if (have_avx512_kernel) return GemmPath::Avx512Bf16;
+    // The AVX512-BF16 kernel only where vdpbf16ps outruns the fp32 FMAs: AMD's cores (Zen 4: 0.91-0.99x of
+    // torch's bf16 mm, RESULTS.md). An Intel core runs it at half their FLOP rate (a Xeon with AMX, AMX
+    // unused: 118 GFLOP/s of vdpbf16ps against 237 of vfmadd231ps per core; the forced kernel 0.56-0.62x of
+    // fp32 mm where the fp32 path gives 0.90-0.92x), so an Intel CPU without usable AMX (Cooper Lake, or a
+    // newer Xeon whose OS does not grant the tiles) takes the fp32 path.
+    if (have_avx512_kernel && !cpu_features().intel) return GemmPath::Avx512Bf16;
     return GemmPath::Fp32;
   }();
   return path;

@@ -14,8 +14,9 @@ enum class GemmPath : int { Fp32 = 0, Avx512Bf16 = 2, Amx = 3 };
 // The path fp8_gemm takes in this process, decided once at first use (thread-safe):
 //   FP8MP_CPU_GEMM=fp32, =avx512bf16 or =amx forces one (avx512bf16 only where the CPU has AVX512-BF16,
 //   amx only where this process may use AMX-BF16 tiles; fp32 otherwise);
-//   otherwise amx where AMX-BF16 tiles are usable, avx512bf16 where the CPU has AVX512-BF16 without AMX,
-//   fp32 elsewhere. Measured against MKL's bf16 x bf16 -> fp32 GEMM fed decoded operands (the choice of
+//   otherwise amx where AMX-BF16 tiles are usable, avx512bf16 where the CPU has AVX512-BF16 without AMX and
+//   is not an Intel one (whose cores run vdpbf16ps at half the fp32 FMAs' rate: cpu_gemm_path.cpp), fp32
+//   elsewhere. Measured against MKL's bf16 x bf16 -> fp32 GEMM fed decoded operands (the choice of
 //   an earlier version): 2.5-3x faster on a Xeon with AMX, about 2x on Zen 4, where MKL does not use the
 //   bf16 units; see benchmarks/RESULTS.md.
 GemmPath gemm_path();
