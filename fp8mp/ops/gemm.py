@@ -77,7 +77,9 @@ def cpu_gemm_path() -> str:
 
     * ``"amx"``: fp8mp's AMX kernel, decoding FP8 to bf16 while it packs the tiles' operands; chosen where
       the CPU has AMX-BF16 and Linux lets the process use the tiles;
-    * ``"avx512bf16"``: fp8mp's AVX512-BF16 kernel, likewise; chosen where the CPU has AVX512-BF16 but no AMX;
+    * ``"avx512bf16"``: fp8mp's AVX512-BF16 kernel, likewise; chosen where the CPU has AVX512-BF16 but no AMX
+      and is not an Intel CPU (AMD Zen 4 and later: Intel cores run its dot products at half the fp32 FMAs'
+      rate, so there the fp32 path is faster);
     * ``"fp32"``: FP8 decoded to fp32 and an IEEE fp32 GEMM (MKL's or oneDNN's); elsewhere.
 
     All form every product exactly and sum in fp32 (only the order of the additions differs), and none
