@@ -167,7 +167,8 @@ FP8MP_TARGET_AMX void pack_b_panel(const uint8_t* codes, int64_t cols, int64_t K
 template <typename Pack>
 void pack_in_parallel(int64_t count, int64_t K, int threads, const Pack& pack, ParallelFor parallel_for) {
   const int64_t by_size = std::max<int64_t>(1, (int64_t(1) << 16) / (kPanel * std::max<int64_t>(K, 1)));
-  const int64_t grain = std::min(by_size, (count + std::max(threads, 1) - 1) / std::max(threads, 1));
+  const int64_t workers = std::max(threads, 1);
+  const int64_t grain = std::min(by_size, (count + workers - 1) / workers);
   parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) pack(t);
   });

@@ -25,6 +25,7 @@
 #include "gemm/gemm_cpu_kernels.h"
 
 #include <algorithm>
+#include <optional>
 #include <type_traits>
 
 #include "common/fp8_decode_table.h"
@@ -77,11 +78,12 @@ void fp32_gemm(const uint8_t* a, Fp8Format a_format, const uint8_t* b, Fp8Format
   // An fp32 out holds the sums itself and takes the epilogue in place (one buffer less to pass through the caches).
   constexpr bool kSumsInOut = std::is_same_v<scalar_t, float>;
   const ScratchBuffer a_storage(size_t(block_rows * K) * sizeof(float));
-  const ScratchBuffer acc_storage(kSumsInOut ? 0 : size_t(block_rows * N) * sizeof(float));
+  std::optional<ScratchBuffer> acc_storage;  // taken from the pool only where out cannot hold the sums
+  if (!kSumsInOut) acc_storage.emplace(size_t(block_rows * N) * sizeof(float));
   float* const a_block = a_storage.as<float>();
   for (int64_t row0 = 0; row0 < M; row0 += block_rows) {
     const int64_t rows = std::min(block_rows, M - row0);
-    float* const acc = kSumsInOut ? reinterpret_cast<float*>(out + row0 * N) : acc_storage.as<float>();
+    float* const acc = kSumsInOut ? reinterpret_cast<float*>(out + row0 * N) : acc_storage->as<float>();
     decode_into(a + row0 * K, a_block, rows * K, a_format, parallel_for);
     matmul(a_block, b_dec, acc, rows, N, K);
     epilogue(acc, scale, bias, out + row0 * N, rows, N, parallel_for);

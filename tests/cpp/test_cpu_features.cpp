@@ -12,13 +12,14 @@
 
 namespace {
 
-// The value after "key\t: " on the first line of /proc/cpuinfo that starts with key ("" where none).
+// The value after the colon on the first line of /proc/cpuinfo that starts with key ("" where none).
 std::string cpuinfo_field(const std::string& key) {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind(key, 0) == 0) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? "" : line.substr(colon + 1 + (colon + 1 < line.size() ? 1 : 0));
+    const auto colon = line.find(':');
+    if (line.rfind(key, 0) == 0 && colon != std::string::npos) {
+      std::string value = line.substr(colon + 1);
+      return value.erase(0, value.find_first_not_of(" \t"));
     }
   }
   return "";

@@ -25,11 +25,16 @@ WORKER = Path(__file__).with_name("gemm_path_worker.py")
 ML = {"torch.float8_e4m3fn": ml_dtypes.float8_e4m3fn, "torch.float8_e5m2": ml_dtypes.float8_e5m2}
 
 
-def cpu_flags() -> set[str]:
+def cpuinfo_value(key: str) -> str:
+    """The value of the first /proc/cpuinfo line for `key` ("" where there is none)."""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(key):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    return set(cpuinfo_value("flags").split())
 
 
 def tile_state_granted() -> bool:
@@ -38,13 +43,6 @@ def tile_state_granted() -> bool:
     sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
     return platform.machine() == "x86_64" and \
         ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
-
-
-def cpu_vendor() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("vendor_id"):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def expected_path(forced: str | None) -> str:
@@ -61,7 +59,7 @@ def expected_path(forced: str | None) -> str:
     if amx:
         return "amx"
     # Intel cores run vdpbf16ps at half the fp32 FMAs' rate: without AMX they take the fp32 path.
-    return "avx512bf16" if "avx512_bf16" in flags and cpu_vendor() != "GenuineIntel" else "fp32"
+    return "avx512bf16" if "avx512_bf16" in flags and cpuinfo_value("vendor_id") != "GenuineIntel" else "fp32"
 
 
 @pytest.fixture(scope="module", params=["fp32", "avx512bf16", "amx"])
