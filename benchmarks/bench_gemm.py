@@ -5,8 +5,10 @@
     python benchmarks/bench_gemm.py --device cuda --sizes 4096x4096x4096,8192x8192x8192
 
 Sizes are MxKxN: out[M, N] = a[M, K] @ b[N, K].T (the nn.Linear layout), bf16
-output, no bias. Each time is the median of timed calls after a warm-up. Ratio columns are (time of the peer) / (time of fp8mp): above 1 means
-fp8mp is faster. The fp32/bf16 peers multiply already-converted tensors (what
+output, no bias. Each time is the median of timed calls after every peer has run
+once (timing.time_peers: which of them gets fresh pages from the kernel otherwise
+depends on the order they run in); the page faults per call are printed. Ratio
+columns are (time of the peer) / (time of fp8mp): above 1 means fp8mp is faster. The fp32/bf16 peers multiply already-converted tensors (what
 an unquantized nn.Linear would run), so they exclude any cast cost.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 import fp8mp
 
-from timing import markdown_table, median_time, parse_shapes, where
+from timing import markdown_table, median_time, parse_shapes, time_peers, where
 
 # CPU: a small size and the two of the CPU GEMM goal (>= 1.0x bf16 mm at 2048^3 and 4096x1024x1024).
 DEFAULT_SIZES = {"cpu": "512x1024x1024,2048x2048x2048,4096x1024x1024", "cuda": "1024x1024x1024,4096x4096x4096,8192x8192x8192"}
@@ -34,19 +36,21 @@ def bench_size(M: int, K: int, N: int, device: str, fast_accum: bool) -> dict:
     x_bf16, w_bf16 = x.bfloat16(), w.bfloat16()
     peers = {
         "fp8mp": lambda: fp8mp.fp8_gemm(a, sa, b, sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum),
-        "_scaled_mm": lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                                               use_fast_accum=fast_accum),
         "fp32 mm": lambda: torch.matmul(x, w.t()),
         "bf16 mm": lambda: torch.matmul(x_bf16, w_bf16.t()),
     }
-    row = {}
-    for name, fn in peers.items():
-        try:
-            row[name] = slow_peer_time(fn, 2 * M * K * N) if name == "_scaled_mm" and device == "cpu" else \
-                median_time(fn, device)
-        except (RuntimeError, NotImplementedError) as e:  # e.g. _scaled_mm missing for this device/shape
-            print(f"  {name} failed for {M}x{K}x{N}: {str(e).splitlines()[0]}")
-            row[name] = float("nan")
+    timed = time_peers(peers, device)
+    row = {name: seconds for name, (seconds, _) in timed.items()}
+    row["faults"] = {name: faults for name, (_, faults) in timed.items()}
+
+    def scaled_mm():
+        return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+
+    try:
+        row["_scaled_mm"] = slow_peer_time(scaled_mm, 2 * M * K * N) if device == "cpu" else median_time(scaled_mm, device)
+    except (RuntimeError, NotImplementedError) as e:  # e.g. _scaled_mm missing for this device/shape
+        print(f"  _scaled_mm failed for {M}x{K}x{N}: {str(e).splitlines()[0]}")
+        row["_scaled_mm"] = float("nan")
     row.update(shape=f"{M}x{K}x{N}", tflops=2 * M * K * N / row["fp8mp"] / 1e12)
     return row
 
@@ -77,9 +81,11 @@ def run(device: str, sizes: str | None = None, fast_accum: bool = False) -> list
 
 
 def table(rows: list[dict], device: str) -> str:
-    headers = ["M x K x N", "fp8mp ms", "fp8mp TFLOP/s"] + [f"{p} ms" for p in PEERS] + [f"vs {p}" for p in PEERS]
+    headers = (["M x K x N", "fp8mp ms", "fp8mp TFLOP/s"] + [f"{p} ms" for p in PEERS] + [f"vs {p}" for p in PEERS]
+               + ["page faults / call (fp8mp, bf16 mm)"])
     cells = [[r["shape"], f"{r['fp8mp'] * 1e3:.3f}", f"{r['tflops']:.3f}"] + [f"{r[p] * 1e3:.3f}" for p in PEERS]
-             + [f"{r[p] / r['fp8mp']:.2f}x" for p in PEERS] for r in rows]
+             + [f"{r[p] / r['fp8mp']:.2f}x" for p in PEERS]
+             + [f"{r['faults']['fp8mp']:.0f}, {r['faults']['bf16 mm']:.0f}"] for r in rows]
     return markdown_table(f"fp8_gemm (e4m3 x e4m3 -> bf16), {where(device)}", headers, cells)
 
 

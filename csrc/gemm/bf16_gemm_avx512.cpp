@@ -22,7 +22,7 @@ namespace {
 
 constexpr int kRows = 12;                             // rows of a micro-tile: 24 accumulators + 3 registers
 constexpr int kCols = 32;                             // columns of a micro-tile: two registers of 16 fp32
-constexpr int64_t kChunkPairs = kChunkK / 2;          // pairs of k summed in registers before adding to the sums
+constexpr int64_t kChunkPairs = kAvx512ChunkK / 2;   // pairs of k summed in registers before adding to the sums
 constexpr int64_t kBlockElements = int64_t(1) << 22;  // values of a packed at once
 constexpr int64_t kL2GroupBytes = int64_t(1) << 18;   // a panels processed together (a quarter of a 1 MiB L2)
 

@@ -124,16 +124,20 @@ FP8MP_TARGET_AVX512_BF16 inline void stream_row32(__m512 v0, __m512 v1, bf16* ou
   _mm512_stream_si512(reinterpret_cast<__m512i*>(out), bf16_bits32(v0, v1));
 }
 
-// How both kernels sum: the matrix units sum kChunkK values of k at a time from zero, and the chunks' sums
-// are added in fp32 memory: two levels (error growing with 256 + K / 256 rather than K), as an fp32 GEMM
-// blocks K. Beyond kPlainChunks chunks (K > 4096) the chunks' sums are added with Kahan's compensation:
-// plain, their error grew past the fp32 path's (MKL's sgemm, which these paths are to be no less accurate
-// than: 1.5x its mean error at K = 16384; within 5 % up to 4096); the compensation costs about 8 % of the
-// AMX kernel's time. tests/ops/test_gemm_cpu_paths.py checks the errors.
-constexpr int64_t kChunkK = 256;
-constexpr int64_t kPlainChunks = 16;
+// How both kernels sum: the matrix units sum a chunk of k from zero (kAmxChunkK values in the AMX kernel,
+// kAvx512ChunkK in the AVX512-BF16 one), and the chunks' sums are added in fp32 memory: two levels (error
+// growing with chunk + K / chunk rather than K), as an fp32 GEMM blocks K. Beyond kPlainMaxK the chunks'
+// sums are added with Kahan's compensation: plain, their error grew past the fp32 path's (MKL's sgemm,
+// which these paths are to be no less accurate than: 1.5x its mean error at K = 16384 with chunks of 256;
+// within 5 % up to 4096); the compensation costs about 8 % of the AMX kernel's time. Chunks of 512 rather
+// than 256 (emulated against float64, 64 x K x 64 random E4M3: mean error 1.07x, 1.02x, 1.06x MKL's at
+// K = 1024, 2048, 4096; one chain of K = 1024 would be 1.37x) halve the AMX kernel's chunk ends, where its
+// tiles wait on their stores. tests/ops/test_gemm_cpu_paths.py checks the errors.
+constexpr int64_t kAmxChunkK = 512;
+constexpr int64_t kAvx512ChunkK = 256;
+constexpr int64_t kPlainMaxK = 4096;
 
-inline bool compensates(int64_t K) { return (K + kChunkK - 1) / kChunkK > kPlainChunks; }
+inline bool compensates(int64_t K) { return K > kPlainMaxK; }
 
 // 16 lanes of a block's sums: sum = chunk (the first chunk) or sum + chunk, with Kahan's compensation where
 // `compensation` is not nullptr (its lanes then start at zero with the first chunk).

@@ -114,10 +114,10 @@ def test_within_fp32_accumulation_bound(forced, name):
 @pytest.mark.parametrize("name", ["random_e4m3", "random_e4m3_e5m2", "long_k_random", "many_rows", "ragged", "ragged_large",
                                   "few_rows_split_columns", "large_output"])
 def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
-    """The bf16 kernels sum the same exact products in another order (chunks of 256 k, their sums added
-    plainly up to K = 4096 and with Kahan's compensation beyond): their error against float64 is no larger
-    than the fp32 path's (an IEEE fp32 GEMM): the mean within 25 %, the largest within 2x (it is one or two
-    ulps of the output, so a factor of 2 is one ulp)."""
+    """The bf16 kernels sum the same exact products in another order (chunks of 512 k in the AMX kernel,
+    256 in the AVX512-BF16 one, their sums added plainly up to K = 4096 and with Kahan's compensation
+    beyond): their error against float64 is no larger than the fp32 path's (an IEEE fp32 GEMM): the mean
+    within 25 %, the largest within 2x (it is one or two ulps of the output, so a factor of 2 is one ulp)."""
     ref, _ = reference(forced[1]["cases"][name])
     err = np.abs(forced[1]["cases"][name][4].double().numpy() - ref)
     err_fp32 = np.abs(fp32_path_results["cases"][name][4].double().numpy() - ref)
