@@ -78,6 +78,8 @@ constexpr int64_t kStepWords = kPanel * kStep / 2;    // 32-bit words of one pan
 // plain loads 3.64-3.95 ms, with a's loads hinted 3.42-3.73, chunks of 512 hinted 3.02-3.24 (plain: 3.85-4.03,
 // the b chunk no longer held in L1); 8192x2048x2048: 34.0 (256, plain) -> 29.3 ms.
 constexpr int64_t kChunkSteps = kAmxChunkK / kStep;
+// Steps of an a panel that L1 holds beside the b panels streaming past it (16 KiB): see the K <= 256 order.
+constexpr int64_t kPanelInL1Steps = 8;
 // a panels per group: 8, as long as the group takes between 512 KiB and 1 MiB of L2 (of 2 MiB). Measured on
 // a Xeon with AMX, 2 threads: best of 256 KiB - 2 MiB groups at K = 512, 1024 (512 KiB), 2048 and 4096 (1 MiB).
 constexpr int64_t kGroupPanels = 8;
@@ -247,8 +249,9 @@ FP8MP_TARGET_AMX inline void store_tiles(float* dst) {
 
 // One chunk of an a panel x b panel: the tiles sum `steps` steps from zero, and the sums go to acc (the
 // first chunk) or are added to it (add_chunk_sums); `epilogue_rows` rows of the pending epilogue are stored
-// per step.
-template <typename scalar_t>
+// per step. kStreamA: a's tiles are loaded with the T1 hint (a streams from L2 past b, which stays in L1),
+// else b's (the other way round).
+template <bool kStreamA, typename scalar_t>
 FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64_t steps, bool first, float* acc,
                                      float* compensation, float* chunk_sums, PendingEpilogue<scalar_t>& pending,
                                      int64_t epilogue_rows, const char* prefetch, int64_t prefetch_lines) {
@@ -258,12 +261,25 @@ FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s, a += kStepWords * 2, b += kStepWords) {
-    _tile_stream_loadd(4, a, 64);
-    _tile_loadd(6, b, 64);
+    if constexpr (kStreamA) {
+      _tile_stream_loadd(4, a, 64);
+      _tile_loadd(6, b, 64);
+    } else {
+      _tile_loadd(4, a, 64);
+      _tile_stream_loadd(6, b, 64);
+    }
     _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, b + 256, 64);
+    if constexpr (kStreamA) {
+      _tile_loadd(7, b + 256, 64);
+    } else {
+      _tile_stream_loadd(7, b + 256, 64);
+    }
     _tile_dpbf16ps(1, 4, 7);
-    _tile_stream_loadd(5, a + 512, 64);
+    if constexpr (kStreamA) {
+      _tile_stream_loadd(5, a + 512, 64);
+    } else {
+      _tile_loadd(5, a + 512, 64);
+    }
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
     pending.store(epilogue_rows);
@@ -342,9 +358,35 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
         }
         packed_group = g;
       }
+      const int64_t cp_begin = split * col_panels / col_splits, cp_end = (split + 1) * col_panels / col_splits;
+      if (steps <= kPanelInL1Steps && (cp_end - cp_begin) * panel_bytes <= kMaxGroupBytes) {
+        // K <= 256 and this split's b panels fit in L2: an a panel at a time against each b panel, the a
+        // panel (16 KiB at most) held in L1 while the b panels stream past it from L2 (the T1 hint on b's
+        // tiles), so that the pending epilogue covers 32 rows of two blocks, whose 8 KiB of sums stay in L1
+        // rather than a group's going through L2. Measured on a Xeon with AMX, 1 thread, 1024x256x256 ->
+        // bf16: storing the tiles to a group's sums took 13 % of the kernel's time, to 4 KiB in L1 8 %; this
+        // order 133-137 -> 120-126 us (mean), 2 threads 103-130 -> 87-92 us, 1024x256x1024 275-281 -> 246-255
+        // us. Not at K = 512 (1024x512x1024: 426-450 -> 461-463 us) nor where b outgrows L2 (256x256x8192:
+        // 862-892 -> 1040-1067 us, b read from L3 once per a panel instead of once per group).
+        for (int64_t i = 0; i < in_group; ++i) {
+          const int64_t row0 = (panel0 + i) * kPanel;
+          for (int64_t cp = cp_begin; cp < cp_end; ++cp) {
+            const int64_t in_epilogue = (cp - cp_begin) % kEpiloguePanels;
+            float* const* const block_sums = sums + (epilogues & 1) * kEpiloguePanels;
+            multiply_chunk<false>(a_packed + i * panel_words * 2, b_packed + cp * panel_words, steps, true,
+                                  block_sums[in_epilogue], nullptr, chunk_sums, pending, epilogue_rows, nullptr, 0);
+            if (in_epilogue + 1 < kEpiloguePanels && cp + 1 < cp_end) continue;
+            const int64_t col0 = (cp - in_epilogue) * kPanel;
+            pending.finish();
+            pending.start(block_sums, bias != nullptr ? bias + col0 : nullptr, out + row0 * N + col0,
+                          std::min<int64_t>(kPanel, M - row0), int(std::min((cp + 1) * kPanel, N) - col0));
+            ++epilogues;
+          }
+        }
+        continue;
+      }
       // Each b panel of this split against the group's a panels: chunk by chunk, the chunk of the b panel
       // (32 KiB) stays in L1 while the group's chunks of a stream from L2.
-      const int64_t cp_begin = split * col_panels / col_splits, cp_end = (split + 1) * col_panels / col_splits;
       for (int64_t cp = cp_begin; cp < cp_end; ++cp) {
         const int64_t in_epilogue = (cp - cp_begin) % kEpiloguePanels;
         float* const* const block_sums = sums + (epilogues & 1) * kEpiloguePanels;
@@ -360,7 +402,7 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
           const int64_t per_step = (lines + in_group * chunk_steps - 1) / (in_group * chunk_steps);
           for (int64_t i = 0; i < in_group; ++i) {
             const int64_t first_line = std::min(lines, i * chunk_steps * per_step);
-            multiply_chunk(a_packed + i * panel_words * 2 + s0 * kStepWords * 2,
+            multiply_chunk<true>(a_packed + i * panel_words * 2 + s0 * kStepWords * 2,
                            b_packed + cp * panel_words + s0 * kStepWords, chunk_steps, c == 0, acc + i * block,
                            compensated ? compensation + i * block : nullptr, chunk_sums, pending, epilogue_rows,
                            reinterpret_cast<const char*>(next_b) + first_line * 64,
