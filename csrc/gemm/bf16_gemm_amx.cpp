@@ -17,12 +17,13 @@
 // uses it, right before it sweeps every b panel (or its share of them), chunk of
 // K by chunk: a b chunk (32 KiB) stays in L1 while the group's a chunks stream
 // from L2 past it (loaded with the T1 hint), and the next b chunk is prefetched
-// from L3 into L2 meanwhile. Where K <= 256 and b fits in L2 the roles swap: an a panel stays in L1 while
-// every b panel streams past it, so the pending sums are two blocks, not a group's.
-// The epilogue of the blocks of two b panels runs, a row of 64 columns at a time,
-// while the tiles work on the next two; where out is larger than the threads' L2
-// caches it goes to memory with non-temporal stores. a never travels through
-// memory decoded, so its memory stays bounded for any M.
+// from L3 into L2 meanwhile. Where K <= 256 and b fits in L2 the roles swap: an
+// a panel stays in L1 while every b panel streams past it, so that the pending
+// sums are two blocks, not a group's. The epilogue of the blocks of two b panels
+// runs, a row of 64 columns at a time, while the tiles work on the next two;
+// where out is larger than the threads' L2 caches it goes to memory with
+// non-temporal stores. a never travels through memory decoded, so its memory
+// stays bounded for any M.
 #include "gemm/bf16_gemm_amx.h"
 
 #if defined(__x86_64__)
