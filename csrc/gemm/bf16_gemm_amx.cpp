@@ -367,10 +367,11 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
         // panel (16 KiB at most) held in L1 while the b panels stream past it from L2 (the T1 hint on b's
         // tiles), so that the pending epilogue covers 32 rows of two blocks, whose 8 KiB of sums stay in L1
         // rather than a group's going through L2. Measured on a Xeon with AMX, 1 thread, 1024x256x256 ->
-        // bf16: storing the tiles to a group's sums took 13 % of the kernel's time, to 4 KiB in L1 8 %; this
-        // order 133-137 -> 120-126 us (mean), 2 threads 103-130 -> 87-92 us, 1024x256x1024 275-281 -> 246-255
-        // us. Not at K = 512 (1024x512x1024: 426-450 -> 461-463 us) nor where b outgrows L2 (256x256x8192:
-        // 862-892 -> 1040-1067 us, b read from L3 once per a panel instead of once per group).
+        // bf16, mean: 134-137 us storing the tiles to a group's sums, 117-120 storing them to 4 KiB in L1,
+        // 107-114 not storing them (results wrong); this order 133-137 -> 120-126 us, 2 threads 103-130 ->
+        // 87-92 us, 1024x256x1024 275-291 -> 246-266 us. Not at K = 512 (1024x512x1024: 426-450 -> 461-463
+        // us) nor where b outgrows L2 (256x256x8192: 862-892 -> 1040-1067 us, b read from L3 once per a panel
+        // instead of once per group).
         for (int64_t i = 0; i < in_group; ++i) {
           const int64_t row0 = (panel0 + i) * kPanel;
           for (int64_t cp = cp_begin; cp < cp_end; ++cp) {
