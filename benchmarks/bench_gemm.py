@@ -8,8 +8,9 @@ Sizes are MxKxN: out[M, N] = a[M, K] @ b[N, K].T (the nn.Linear layout), bf16
 output, no bias. Each time is the median of timed calls after every peer has run
 once (timing.time_peers: which of them gets fresh pages from the kernel otherwise
 depends on the order they run in); the page faults per call are printed. Ratio
-columns are (time of the peer) / (time of fp8mp): above 1 means fp8mp is faster. The fp32/bf16 peers multiply already-converted tensors (what
-an unquantized nn.Linear would run), so they exclude any cast cost.
+columns are (time of the peer) / (time of fp8mp): above 1 means fp8mp is faster.
+The fp32/bf16 peers multiply already-converted tensors (what an unquantized
+nn.Linear would run), so they exclude any cast cost.
 """
 from __future__ import annotations
 

@@ -264,6 +264,7 @@ FP8MP_TARGET_AMX void multiply_chunk(const uint16_t* a, const uint32_t* b, int64
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s, a += kStepWords * 2, b += kStepWords) {
+    // (GCC's tile intrinsics paste the tile number into their assembly: it cannot be a template argument.)
     if constexpr (kStreamA) {
       _tile_stream_loadd(4, a, 64);
       _tile_loadd(6, b, 64);
@@ -352,6 +353,16 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
     // 19.2-21.9 ms with fp32 input, 21.5-22.8 -> 19.1-21.0 ms with bf16.
     pending.streaming = larger_than_l2_caches(M * N * int64_t(sizeof(scalar_t)), threads);
     int64_t packed_group = -1, epilogues = 0;
+    // Once the blocks of rows [row0, row0 + rows) against the b panels up to cp (the last of its epilogue
+    // group, at index in_epilogue in it) are summed: the previous epilogue finished, theirs pending.
+    const auto start_epilogue = [&](float* const* block_sums, int64_t row0, int64_t rows, int64_t cp,
+                                    int64_t in_epilogue) FP8MP_TARGET_AMX {
+      const int64_t col0 = (cp - in_epilogue) * kPanel;
+      pending.finish();
+      pending.start(block_sums, bias != nullptr ? bias + col0 : nullptr, out + row0 * N + col0, rows,
+                    int(std::min((cp + 1) * kPanel, N) - col0));
+      ++epilogues;
+    };
     for (int64_t t = begin; t < end; ++t) {
       const int64_t g = t / col_splits, split = t % col_splits;
       const int64_t panel0 = g * group, in_group = std::min(group, row_panels - panel0);
@@ -380,11 +391,7 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
             multiply_chunk<false>(a_packed + i * panel_words * 2, b_packed + cp * panel_words, steps, true,
                                   block_sums[in_epilogue], nullptr, chunk_sums, pending, epilogue_rows, nullptr, 0);
             if (in_epilogue + 1 < kEpiloguePanels && cp + 1 < cp_end) continue;
-            const int64_t col0 = (cp - in_epilogue) * kPanel;
-            pending.finish();
-            pending.start(block_sums, bias != nullptr ? bias + col0 : nullptr, out + row0 * N + col0,
-                          std::min<int64_t>(kPanel, M - row0), int(std::min((cp + 1) * kPanel, N) - col0));
-            ++epilogues;
+            start_epilogue(block_sums, row0, std::min<int64_t>(kPanel, M - row0), cp, in_epilogue);
           }
         }
         continue;
@@ -414,12 +421,8 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
           }
         }
         if (in_epilogue + 1 < kEpiloguePanels && cp + 1 < cp_end) continue;
-        const int64_t col0 = (cp - in_epilogue) * kPanel;
-        pending.finish();
-        pending.start(block_sums, bias != nullptr ? bias + col0 : nullptr, out + panel0 * kPanel * N + col0,
-                      std::min(in_group * kPanel, M - panel0 * kPanel),
-                      int(std::min((cp + 1) * kPanel, N) - col0));
-        ++epilogues;
+        const int64_t row0 = panel0 * kPanel;
+        start_epilogue(block_sums, row0, std::min(in_group * kPanel, M - row0), cp, in_epilogue);
       }
     }
     pending.finish();
