@@ -2,7 +2,9 @@
 // byte-by-byte transpose, for every shape class: 1 row, 1 column, rows and columns
 // below, at and past multiples of 16 (the portable transpose block), 64 (the AVX-512
 // block and the tile height) and 512 (the tile width), with the work handed out whole
-// and cut into one-tile tasks run out of order (as threads may split tile rows).
+// and cut into one-tile tasks run out of order (as threads may split tile rows), and with
+// more than one thread declared, which hands out bands of 64-column strips where the rows
+// are fewer than the columns.
 #define CATCH_CONFIG_PREFIX_ALL
 #include <catch2/catch.hpp>
 
@@ -26,14 +28,21 @@ void run_in_pieces(int64_t begin, int64_t end, int64_t grain, const fp8mp::Range
   for (int64_t p = pieces - 1; p >= 0; --p) body(begin + p * grain, std::min(end, begin + (p + 1) * grain));
 }
 
+// Two tasks, as at::parallel_for gives two threads (halves, rounded up), the second first.
+void run_in_halves(int64_t begin, int64_t end, int64_t, const fp8mp::RangeBody& body) {
+  const int64_t middle = std::min(end, begin + (end - begin + 1) / 2);
+  if (middle < end) body(middle, end);
+  body(begin, middle);
+}
+
 template <Fp8Format F, typename scalar_t>
 void check_shape(const std::vector<scalar_t>& x, fp8mp::HpType x_type, int64_t rows, int64_t cols, float scale,
-                 fp8mp::ParallelFor parallel_for) {
-  CATCH_INFO(rows << " x " << cols);
+                 fp8mp::ParallelFor parallel_for, int threads = 1) {
+  CATCH_INFO(rows << " x " << cols << ", " << threads << " threads");
   const int64_t n = rows * cols;
   std::vector<uint8_t> y(n + 64, 0xEE), yt(n + 64, 0xEE);  // guard bytes after each output
-  const float amax =
-      fp8mp::cpu::cast_to_fp8_transpose(x.data(), x_type, y.data(), yt.data(), rows, cols, scale, F, parallel_for);
+  const float amax = fp8mp::cpu::cast_to_fp8_transpose(x.data(), x_type, y.data(), yt.data(), rows, cols, scale, F,
+                                                       parallel_for, nullptr, threads);
   float expected_amax = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
@@ -56,15 +65,15 @@ void check_shape(const std::vector<scalar_t>& x, fp8mp::HpType x_type, int64_t r
 // (the AVX-512 blocks while casting, the portable loop for the columns past the last whole block).
 template <Fp8Format F, typename scalar_t>
 void check_dbias(const std::vector<scalar_t>& x, fp8mp::HpType x_type, int64_t rows, int64_t cols, float scale,
-                 fp8mp::ParallelFor parallel_for) {
-  CATCH_INFO(rows << " x " << cols << " with dbias");
+                 fp8mp::ParallelFor parallel_for, int threads = 1) {
+  CATCH_INFO(rows << " x " << cols << " with dbias, " << threads << " threads");
   const int64_t n = rows * cols;
   std::vector<uint8_t> y(n), yt(n), y_plain(n), yt_plain(n);
   std::vector<float> dbias(cols + 16, -7.0f);  // guard values after the columns
   fp8mp::cpu::cast_to_fp8_transpose(x.data(), x_type, y_plain.data(), yt_plain.data(), rows, cols, scale, F,
                                     parallel_for);
   fp8mp::cpu::cast_to_fp8_transpose(x.data(), x_type, y.data(), yt.data(), rows, cols, scale, F, parallel_for,
-                                    dbias.data());
+                                    dbias.data(), threads);
   CATCH_REQUIRE((y == y_plain && yt == yt_plain));
   for (int64_t c = 0; c < cols; ++c) {
     float total = 0.0f;
@@ -106,6 +115,9 @@ CATCH_TEST_CASE("cast_to_fp8_transpose kernel equals the scalar encode and a byt
       check_shape<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_pieces);
       check_shape<Fp8Format::E5M2>(x, fp8mp::HpType::Float32, rows, cols, 0.25f, run_in_pieces);
       check_dbias<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_pieces);
+      check_shape<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_pieces, 2);
+      check_shape<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_halves, 2);
+      check_dbias<Fp8Format::E4M3>(x, fp8mp::HpType::Float32, rows, cols, 1.5f, run_in_halves, 2);
     }
   }
 }
@@ -121,6 +133,10 @@ CATCH_TEST_CASE("cast_to_fp8_transpose kernel with bf16 and fp16 input", "[trans
                                    run_whole);
       check_dbias<Fp8Format::E5M2>(values<fp8mp::fp16>(rows * cols), fp8mp::HpType::Float16, rows, cols, 2.0f,
                                    run_in_pieces);
+      check_shape<Fp8Format::E4M3>(values<fp8mp::bf16>(rows * cols), fp8mp::HpType::BFloat16, rows, cols, 2.0f,
+                                   run_in_halves, 2);
+      check_dbias<Fp8Format::E5M2>(values<fp8mp::bf16>(rows * cols), fp8mp::HpType::BFloat16, rows, cols, 2.0f,
+                                   run_in_pieces, 3);
     }
   }
 }
