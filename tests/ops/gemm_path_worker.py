@@ -37,6 +37,9 @@ def cases() -> dict:
         # An output (9 MiB of fp32) larger than the L2 caches of two threads: the AMX kernel writes it with
         # non-temporal stores.
         "large_output": (torch.randn(1536, 40, generator=gen).to(e4m3), torch.randn(1504, 40, generator=gen).to(e5m2)),
+        # A few panels of rows against a b more than twice as wide: the AMX kernel's threads each take all of a
+        # and a share of b's 6 panels (the last one ragged).
+        "small_a_wide_b": ((torch.randn(70, 300, generator=gen) * 3).to(e4m3), torch.randn(181, 300, generator=gen).to(e5m2)),
     }
 
 
