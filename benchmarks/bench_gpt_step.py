@@ -43,7 +43,9 @@ def run(device: str, layers: int | None = None, d_model: int | None = None, batc
         model = GPT(config).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         steps[key] = functools.partial(train_step, model, optimizer, x, y, precision, recipe, 1.0, device)
-    timed = time_peers(steps, device, min_repeats=5, min_seconds=1.0)
+    # Three rounds of each peer in turn: one step's time moves by +-5 % with the host's other load, and a
+    # peer timed alone in a slow second would carry all of it.
+    timed = time_peers(steps, device, rounds=3, min_repeats=3, min_seconds=0.4)
     times = {key: seconds for key, (seconds, _) in timed.items()}
     shape = f"{config.n_layers} layers, d={config.d_model}, {batch}x{config.context} tokens"
     return [{"shape": shape, **{f"{k}_ms": t * 1e3 for k, t in times.items()}}]

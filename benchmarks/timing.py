@@ -43,7 +43,8 @@ def minor_page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def time_peers(peers: dict[str, Callable[[], object]], device: str, **median_kwargs) -> dict[str, tuple[float, float]]:
+def time_peers(peers: dict[str, Callable[[], object]], device: str, rounds: int = 1,
+               **median_kwargs) -> dict[str, tuple[float, float]]:
     """{name: (median seconds, minor page faults per call)} of each peer, all warmed up once before any is timed.
 
     The warm-up matters on CPU: whether a large output gets recycled heap pages or fresh ones from the kernel
@@ -51,22 +52,26 @@ def time_peers(peers: dict[str, Callable[[], object]], device: str, **median_kwa
     with the largest blocks freed so far. Timed first in a fresh process, an fp32-output FP8 Linear step at
     4096x1024x1024 took about 3,000 faults a step (3-4 ms of 18); after every peer had run once, none did. The
     faults per call are reported so that a reader can see the allocator's share.
+
+    rounds > 1: the peers are timed in turn that many times over (median_time each time, with its warm-up call),
+    and a peer's time is the median of its rounds' medians, so that a change in the machine's speed while they
+    run (other load on a shared host) falls on every peer rather than on whichever was being timed.
     """
     for fn in peers.values():
         fn()
-    results = {}
-    for name, fn in peers.items():
-        calls = 0
+    medians: dict[str, list[float]] = {name: [] for name in peers}
+    calls = dict.fromkeys(peers, 0)
+    faults = dict.fromkeys(peers, 0)
+    for _ in range(rounds):
+        for name, fn in peers.items():
+            def counted(fn=fn, name=name):
+                calls[name] += 1
+                return fn()
 
-        def counted(fn=fn):
-            nonlocal calls
-            calls += 1
-            return fn()
-
-        faults_before = minor_page_faults()
-        seconds = median_time(counted, device, **median_kwargs)
-        results[name] = (seconds, (minor_page_faults() - faults_before) / max(calls, 1))
-    return results
+            faults_before = minor_page_faults()
+            medians[name].append(median_time(counted, device, **median_kwargs))
+            faults[name] += minor_page_faults() - faults_before
+    return {name: (statistics.median(medians[name]), faults[name] / max(calls[name], 1)) for name in peers}
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
