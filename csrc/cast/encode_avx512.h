@@ -1,6 +1,6 @@
 // AVX-512 versions of the CPU cast's inner pieces: the FP8 encode of a run of
 // values with its amax, the cast and transpose of a row of 64x64 blocks, and the
-// transpose of 16x64 bytes they use. They give exactly
+// transpose of 64x64 bytes they use. They give exactly
 // the bits of the scalar code (fp8_format.h's encode<F>, a byte-by-byte
 // transpose); tests/cpp/test_encode_avx512.cpp checks the encode on every
 // fp32, bf16 and fp16 bit pattern. Call them only where cpu_features().avx512.
@@ -33,8 +33,9 @@ FP8MP_TARGET_AVX512 uint32_t cast_transpose_rows64_avx512(const scalar_t* x, int
                                                           int64_t blocks, float scale, bool streaming = false,
                                                           float* col_sums = nullptr);
 
-// dst[j * dst_stride + i] = src[i * src_stride + j] for i < 16, j < 64.
-FP8MP_TARGET_AVX512 void transpose16x64_avx512(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride);
+// dst[j * dst_stride + i] = src[i * src_stride + j] for i, j < 64.
+FP8MP_TARGET_AVX512 void transpose64x64_avx512(const uint8_t* src, int64_t src_stride, uint8_t* dst,
+                                               int64_t dst_stride);
 #endif
 
 }  // namespace fp8mp::cpu

@@ -114,15 +114,15 @@ CATCH_TEST_CASE("AVX-512 encode with negative, zero, infinite and NaN scales", "
   }
 }
 
-CATCH_TEST_CASE("AVX-512 16x64 transpose equals a byte-by-byte transpose", "[transpose][avx512]") {
+CATCH_TEST_CASE("AVX-512 64x64 transpose equals a byte-by-byte transpose", "[transpose][avx512]") {
   if (!fp8mp::cpu::cpu_features().avx512) return;
-  const int64_t src_stride = 70, dst_stride = 23;  // neither a multiple of 16: unaligned rows
-  std::vector<uint8_t> src(16 * src_stride), dst(64 * dst_stride, 0xEE);
+  const int64_t src_stride = 70, dst_stride = 83;  // neither a multiple of 16: unaligned rows
+  std::vector<uint8_t> src(64 * src_stride), dst(64 * dst_stride, 0xEE);
   for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 131 + 7);
-  fp8mp::cpu::transpose16x64_avx512(src.data(), src_stride, dst.data(), dst_stride);
+  fp8mp::cpu::transpose64x64_avx512(src.data(), src_stride, dst.data(), dst_stride);
   for (int64_t j = 0; j < 64; ++j) {
     for (int64_t i = 0; i < dst_stride; ++i) {
-      const uint8_t expected = i < 16 ? src[i * src_stride + j] : uint8_t(0xEE);  // nothing else written
+      const uint8_t expected = i < 64 ? src[i * src_stride + j] : uint8_t(0xEE);  // nothing else written
       CATCH_REQUIRE(dst[j * dst_stride + i] == expected);
     }
   }
