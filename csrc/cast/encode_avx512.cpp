@@ -35,6 +35,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "common/avx512_lanes.h"
+
 namespace fp8mp::cpu {
 namespace {
 
@@ -187,16 +189,6 @@ FP8MP_TARGET_AVX512 inline void transpose16x64_lanes(const uint8_t* src, int64_t
     }
     for (int i = 0; i < 16; ++i) r[i] = o[i];
   }
-}
-
-// o[j] = (lane j of a, lane j of b, lane j of c, lane j of d): a 4 x 4 transpose of 128-bit lanes.
-FP8MP_TARGET_AVX512 inline void transpose_lanes4x4(__m512i a, __m512i b, __m512i c, __m512i d, __m512i o[4]) {
-  const __m512i ab_low = _mm512_shuffle_i64x2(a, b, 0x44), ab_high = _mm512_shuffle_i64x2(a, b, 0xEE);
-  const __m512i cd_low = _mm512_shuffle_i64x2(c, d, 0x44), cd_high = _mm512_shuffle_i64x2(c, d, 0xEE);
-  o[0] = _mm512_shuffle_i64x2(ab_low, cd_low, 0x88);
-  o[1] = _mm512_shuffle_i64x2(ab_low, cd_low, 0xDD);
-  o[2] = _mm512_shuffle_i64x2(ab_high, cd_high, 0x88);
-  o[3] = _mm512_shuffle_i64x2(ab_high, cd_high, 0xDD);
 }
 
 // One 64-byte row of y or yt: a non-temporal store where streaming and the row is aligned (which needs

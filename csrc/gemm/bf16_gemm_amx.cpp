@@ -34,6 +34,7 @@
 #if FP8MP_AVX512_KERNELS
 #include <algorithm>
 
+#include "common/avx512_lanes.h"
 #include "common/fp8_decode_table.h"
 #include "common/scratch_pool.h"
 #include "gemm/bf16_kernel_io_avx512.h"
@@ -126,13 +127,9 @@ FP8MP_TARGET_AMX inline void transpose16x16_words(__m512i r[16]) {
     u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
   }
   for (int q = 0; q < 4; ++q) {
-    const __m512i s0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), s1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xEE);
-    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44);
-    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xEE);
-    r[q] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-    r[4 + q] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
-    r[8 + q] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-    r[12 + q] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+    __m512i o[4];
+    transpose_lanes4x4(u[q], u[4 + q], u[8 + q], u[12 + q], o);
+    for (int j = 0; j < 4; ++j) r[4 * j + q] = o[j];
   }
 }
 
@@ -423,10 +420,10 @@ void fp8_gemm_amx_bf16(const uint8_t* a, Fp8Format a_format, const uint8_t* b, F
           for (int64_t i = 0; i < in_group; ++i) {
             const int64_t first_line = std::min(lines, i * chunk_steps * per_step);
             multiply_chunk<true>(a_packed + i * panel_words * 2 + s0 * kStepWords * 2,
-                           b_packed + cp * panel_words + s0 * kStepWords, chunk_steps, c == 0, acc + i * block,
-                           compensated ? compensation + i * block : nullptr, chunk_sums, pending, epilogue_rows,
-                           reinterpret_cast<const char*>(next_b) + first_line * 64,
-                           std::min(per_step, (lines - first_line + chunk_steps - 1) / chunk_steps));
+                                 b_packed + cp * panel_words + s0 * kStepWords, chunk_steps, c == 0, acc + i * block,
+                                 compensated ? compensation + i * block : nullptr, chunk_sums, pending,
+                                 epilogue_rows, reinterpret_cast<const char*>(next_b) + first_line * 64,
+                                 std::min(per_step, (lines - first_line + chunk_steps - 1) / chunk_steps));
           }
         }
         if (in_epilogue + 1 < kEpiloguePanels && cp + 1 < cp_end) continue;
