@@ -37,6 +37,11 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py
 WHEEL_TESTS_213cpu ?= tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
   tests/ops/test_aliasing.py tests/ops/test_scale_update.py tests/nn/test_linear.py
+# Each of those venvs holds a CUDA build of torch (~6 GB) and is removed once its tests pass, and pip keeps
+# no cache (a CUDA torch adds ~3 GB there): CI's disk once ran out at the third venv. KEEP_WHEEL_VENVS=1 keeps
+# them for a quicker rerun here.
+KEEP_WHEEL_VENVS ?=
+export PIP_NO_CACHE_DIR := 1
 WHEEL_DIR := dist
 WHEEL_STAMP := $(VENV)/.wheel-stamp
 
@@ -86,6 +91,7 @@ test-py: wheel
 test-wheels: $(addprefix test-wheel-torch,$(WHEEL_TORCHES))
 
 test-wheel-torch%: wheel
+	@df -h --output=avail . | tail -1 | xargs echo "disk free before .venv-torch$*:"
 	@test -x .venv-torch$*/bin/python || $(PYTHON) -m venv .venv-torch$*
 	.venv-torch$*/bin/python -m pip install -q --disable-pip-version-check -r requirements-ci-torch$*.txt
 	.venv-torch$*/bin/python -m pip uninstall -q -y fp8mp 2>/dev/null || true
@@ -93,6 +99,7 @@ test-wheel-torch%: wheel
 	rm -rf build/wheel-tests-$* && mkdir -p build/wheel-tests-$* && cp -r tests examples benchmarks csrc pyproject.toml build/wheel-tests-$*/
 	cd build/wheel-tests-$* && ../../.venv-torch$*/bin/python -c 'import fp8mp, torch; print("torch", torch.__version__, "|", fp8mp.cuda_kernels_status())' \
 	  && ../../.venv-torch$*/bin/python -m pytest -q -p no:cacheprovider $(or $(WHEEL_TESTS_$*),$(WHEEL_TESTS))
+	$(if $(KEEP_WHEEL_VENVS),,rm -rf .venv-torch$* build/wheel-tests-$*)
 
 # A fresh venv, torch, the wheel (the user's path), import, quickstart, uninstall: what a user does.
 user-install: wheel
