@@ -107,3 +107,18 @@ def test_seed_table_reports_fp8_against_the_peer_per_seed_and_the_mean_against_b
     assert lines[0] == "| seed | FP8 | torchao FP8 | BF16 | FP8 vs torchao FP8 | FP8 vs BF16 |"
     assert lines[2] == "| 0 | 2.0000 | 2.0200 | 1.9000 | -0.99% | +5.26% |"
     assert lines[4] == "| mean of 2 | 2.1000 | 2.1100 | 2.1000 | -0.47% | +0.00% |"
+
+
+def test_report_table_states_the_goal_per_run_and_that_one_seed_says_little():
+    from gpt_report import report_table
+    from train_gpt import RunResult
+
+    def run(name: str, val: float) -> RunResult:
+        return RunResult(name, [3.0, val], [0, 1], [3.0, val], [0.01, 0.01], 100.0)
+
+    lines = report_table([run("FP8", 2.0), run("BF16", 1.96), run("FP32", 2.0)]).splitlines()
+    assert "FP8 final val loss vs BF16: +2.041%, NOT within the 0.5% goal" in lines
+    assert "FP8 final val loss vs FP32: +0.000%, within the 0.5% goal" in lines
+    # The single-seed verdicts come with what they are worth and the command that compares over seeds.
+    assert lines[-1].startswith("These gaps are one seed's")
+    assert "python examples/train_gpt.py --peer torchao --seeds 5" in lines[-1]
