@@ -20,11 +20,11 @@ using SgemmLp64 = void (*)(const char* transa, const char* transb, const int* m,
                            const float* beta, float* c, const int* ldc);
 constexpr int64_t kMaxLp64 = (int64_t(1) << 31) - 1;
 
-// MKL's sgemm where the CPU has bf16 matrix units (see the header), else nullptr.
+// MKL's sgemm on Intel CPUs and where the CPU has bf16 matrix units (see the header), else nullptr.
 SgemmLp64 mkl_sgemm() {
   static const SgemmLp64 sgemm = []() -> SgemmLp64 {
     const cpu::CpuFeatures& f = cpu::cpu_features();
-    if (!f.avx512_bf16 && !f.amx_bf16) return nullptr;
+    if (!f.intel && !f.avx512_bf16 && !f.amx_bf16) return nullptr;
     return reinterpret_cast<SgemmLp64>(find_process_symbol("sgemm_"));
   }();
   return sgemm;

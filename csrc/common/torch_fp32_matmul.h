@@ -4,9 +4,13 @@
 // Which GEMM, decided once per process:
 //   * MKL's sgemm (exported by libtorch_cpu), where the CPU has bf16 matrix units (AVX512-BF16 or AMX):
 //     there oneDNN honours torch.backends.mkldnn.matmul.fp32_precision = "bf16" and would round the
-//     operands to bf16, so an fp8mp op's result would depend on the user's setting;
-//   * elsewhere oneDNN's inner product (torch's mkldnn::_linear_pointwise, which takes b as [N, K] as it
-//     is; about twice as fast as MKL's sgemm on AMD CPUs, and without bf16 units it has nothing to lower);
+//     operands to bf16, so an fp8mp op's result would depend on the user's setting; and on every Intel
+//     CPU, where MKL's sgemm is torch's own fp32 `mm` and oneDNN's inner product plus the copy of its
+//     result ran at 0.95x / 0.90x / 0.87x of it (a Xeon, 2 threads, 512x1024x1024 / 2048^3 /
+//     4096x1024x1024);
+//   * elsewhere (AMD CPUs without bf16 units) oneDNN's inner product (torch's mkldnn::_linear_pointwise,
+//     which takes b as [N, K] as it is; about twice as fast as MKL's sgemm there, and without bf16 units
+//     it has nothing to lower);
 //   * aten::bmm.out where neither exists, or for a batch. The out= overload because torch.autocast has no
 //     kernel for it: a functional matmul called from inside an fp8mp op under torch.autocast(cpu) would
 //     run in bf16 and round every sum to bf16, silently.
