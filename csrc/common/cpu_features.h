@@ -14,7 +14,7 @@ struct CpuFeatures {
   bool amx_bf16;     // CPUID.(7,0):EDX[22]: AMX tiles with bf16 inputs, with the OS saving the tile state
                      // (a process must still ask Linux for the tile data: bf16_gemm_amx.h's amx_bf16_usable)
   bool intel;        // CPUID.0 vendor "GenuineIntel": its cores run vdpbf16ps at half the fp32 FMAs' FLOP rate
-                     // (cpu_gemm_path.cpp)
+                     // (cpu_gemm_path.cpp), and its fp32 GEMM is MKL's (torch_fp32_matmul.h)
 };
 
 // The features of this CPU (all false off x86-64), computed on first use.
