@@ -5,6 +5,7 @@
 #                 venvs with other torch versions (requirements-ci-torch*.txt), where the suite
 #                 runs again
 #   make wheel  - dist/fp8mp-*.whl: one wheel for CPython >= 3.10 and torch >= 2.11
+#   make docs   - the user guide (docs/, Sphinx) into build/docs, warnings as errors
 # FP8MP_CUDA=0 gives a quick CPU-only build; the default (auto) also compiles
 # the CUDA kernels when torch is a CUDA build and nvcc is present.
 SHELL := /bin/bash
@@ -33,8 +34,8 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 # both: it once broke the compile tests alone); the CPU build of 2.13 runs the tests of what a torch version can
 # change (the build, the ops through the stable ABI, a module on top, the layering), which keeps CI well inside
 # its 90 minutes (`make test-wheel-torch213cpu WHEEL_TESTS_213cpu=` runs all of it there).
-# tests/test_packaging.py is about the source checkout, so .venv runs it.
-WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py
+# tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
+WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py
 WHEEL_TESTS_213cpu ?= tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
   tests/ops/test_aliasing.py tests/ops/test_scale_update.py tests/nn/test_linear.py
 # Each of those venvs holds a CUDA build of torch (~6 GB) and is removed once its tests pass, and pip keeps
@@ -45,12 +46,12 @@ export PIP_NO_CACHE_DIR := 1
 WHEEL_DIR := dist
 WHEEL_STAMP := $(VENV)/.wheel-stamp
 
-.PHONY: demo test test-cpp test-py test-wheels user-install user-install-source build wheel bench system-deps clean
+.PHONY: demo test docs test-cpp test-py test-wheels user-install user-install-source build wheel bench system-deps clean
 
 demo: wheel
 	$(PY) examples/train_gpt.py
 
-test: test-cpp test-py user-install test-wheels
+test: test-cpp test-py docs user-install test-wheels
 
 system-deps:
 	@dpkg -s catch2 cmake >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq catch2 cmake; }
@@ -108,6 +109,11 @@ user-install: wheel
 # The same from source: `pip install .` with build isolation (compiles everything again: minutes).
 user-install-source:
 	.ci/user_install.sh
+
+# The guide imports the in-place build (docs/conf.py puts the checkout first on sys.path) for its API reference.
+docs: $(BUILD_STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs build/docs
+	@echo "docs: build/docs/index.html"
 
 bench: wheel
 	$(PY) benchmarks/bench_cast.py

@@ -5,7 +5,7 @@ output row (one token; "row median" and "row p10", the 10th percentile, i.e. the
 Weights are Gaussian [N, K]; the inputs:
 
   gaussian         x ~ N(0, 1)
-  outlier channels 1% of the K channels 100x larger (the issue's case)
+  outlier channels 1% of the K channels 100x larger (outlier features)
   token scales 1e5 each token (row) scaled by 10^U(0, 5)
   lognormal rows   each token scaled by exp(N(0, 3^2))
 

@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.sh runs end to end: `--dry-run` takes every step on the CPU with tiny sizes.
 
-The GPU run (the same script without --dry-run) is what a session with a lent GPU executes;
-this keeps it from rotting between such sessions.
+The GPU run (the same script without --dry-run) needs a GPU, which the test machines lack;
+the dry run keeps the script from rotting where none is present.
 """
 from __future__ import annotations
 

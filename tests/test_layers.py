@@ -60,7 +60,7 @@ def test_imports_point_down(name):
 
 
 def test_no_module_imports_its_own_package():
-    # fp8mp/nn/x.py importing fp8mp.nn would run a half-initialized fp8mp/nn/__init__.py.
+    # A module in fp8mp/nn/ importing fp8mp.nn would run a half-initialized fp8mp/nn/__init__.py.
     for name, deps in GRAPH.items():
         assert not [d for d in deps if name.startswith(d + ".")], f"{name} imports its own package: {deps}"
 

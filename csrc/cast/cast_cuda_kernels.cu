@@ -9,7 +9,7 @@
 // The kernels are memory bound, so each thread issues all its loads before any
 // store, as 8- or 16-byte vectors wherever alignment allows (LDG.E.128 /
 // LDG.E.64, packed stores; checked on the built library's SASS by
-// tests/ops/test_cuda_sass.py), and amax costs one atomic per block after a
+// tests/ops/test_kernel_sass.py), and amax costs one atomic per block after a
 // warp-shuffle and shared-memory reduction.
 #include "cast/cast_cuda_kernels.cuh"
 

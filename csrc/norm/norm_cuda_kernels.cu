@@ -12,7 +12,7 @@
 // float atomics: per-(column tile, row chunk) partial sums, then one thread per
 // column adds the chunks in order.
 //
-// Not fused with grad_x (issue 12, item 9), so backward reads x and grad_out
+// Not fused with grad_x, so backward reads x and grad_out
 // twice: for bf16 that is 4 extra bytes per element on top of the 6 that
 // grad_x needs (read x, grad_out; write grad_x), about 1.7x the minimum. A
 // fused, still deterministic kernel must keep each column's partial sums where

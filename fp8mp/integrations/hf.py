@@ -142,11 +142,12 @@ def from_pretrained(model_class, directory: str | os.PathLike, recipe: Recipe | 
                     keep_high_precision: Iterable[str] | None = None, convert_norms: bool = False, **kwargs):
     """`model_class.from_pretrained(directory, **kwargs)`, prepared (see `prepare`), with the checkpoint's FP8 state.
 
-    model_class: a transformers model class or Auto class (e.g. AutoModelForCausalLM).
-    directory: a local save_pretrained directory (of a prepared model, or of any model: the
-        converted modules then start with fresh FP8 state). The weights load as transformers
-        loads them; the FP8 scaling state then loads bit-exactly into the converted modules,
-        and FP8 state of modules kept in high precision is ignored (one log line).
+    Args:
+        model_class: a transformers model class or Auto class (e.g. AutoModelForCausalLM).
+        directory: a local save_pretrained directory (of a prepared model, or of any model: the
+            converted modules then start with fresh FP8 state). The weights load as transformers
+            loads them; the FP8 scaling state then loads bit-exactly into the converted modules,
+            and FP8 state of modules kept in high precision is ignored (one log line).
     """
     transformers = _transformers()
     if not os.path.isdir(directory):

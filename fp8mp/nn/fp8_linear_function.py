@@ -16,7 +16,7 @@ fprop's [N,K] operand, the cast itself dgrad's), and wgrad computes dW = x.T @ d
 as fp8_gemm(x.T, dy.T). So no layout costs a transpose copy per step.
 
 With a stored FP8 weight (`fp8mp.nn.Linear(..., fp8_weight=True)`, see
-fp8mp/fp8_weight.py) the weight is not cast: fprop uses the stored FP8 tensor
+fp8mp/nn/fp8_weight.py) the weight is not cast: fprop uses the stored FP8 tensor
 and its scale_inv, backward transposes it, and `weight` is only the leaf (the
 FP32 master, or None) that receives the weight gradient.
 """

@@ -1,5 +1,7 @@
 """Amax reduction across a process group: every rank computes the same FP8 scales.
 
+Usage::
+
     with fp8mp.fp8_autocast(fp8_group=group):      # group: a torch.distributed ProcessGroup
         loss = model(x_shard).sum()
     loss.backward()

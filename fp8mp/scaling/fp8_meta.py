@@ -97,14 +97,18 @@ class Fp8Meta(torch.nn.Module):
 
     Buffers in the state_dict (keys "<module>.fp8_meta.<name>"), so checkpoints in every format
     (torch.save with weights_only=True, safetensors, save_pretrained, torch.distributed.checkpoint)
-    carry them and resumed training continues with the same scales, bit for bit:
+    carry them and resumed training continues with the same scales, bit for bit.
+
+    Saved buffers:
         amax [T]: newest amax of each tensor, written by the cast kernels.
         amax_history [H, T]: row 0 newest (delayed scaling). H starts at the default recipe's
             amax_history_len, so a fresh module has the shapes a checkpoint of a trained one has.
         scale [T], scale_inv [T]: what the next casts use; scale_inv == 1 / scale.
         initialized [1] bool: a forward has set the scales from the data.
-    Not saved: fp8_max [T], the largest finite value of each tensor's format under the active recipe;
-        step_amax [T], max of every amax the casts that record gradients wrote since the last
+
+    Buffers not saved:
+        fp8_max [T]: the largest finite value of each tensor's format under the active recipe.
+        step_amax [T]: max of every amax the casts that record gradients wrote since the last
             `take_nonfinite()` (NaN if one met a NaN): what fp8mp.LossScaler checks once per step.
     """
 

@@ -1,5 +1,7 @@
 """Automatic precision fallback: a layer whose FP8 casts keep overflowing runs in high precision for a while.
 
+Usage::
+
     policy = fp8mp.fallback.FallbackPolicy(max_bad_steps=2, cooldown_steps=100)
     for x, y in data:
         with fp8mp.fp8_autocast():

@@ -238,7 +238,7 @@ class LossScaler:
 
     @property
     def nonfinite_fp8_casts(self) -> list[NonfiniteCast]:
-        """The fp8mp modules whose FP8 casts met an Inf/NaN in the last `update()`d iteration (empty if
+        """The fp8mp modules whose FP8 casts met an Inf/NaN in the last iteration closed by `update()` (empty if
         none did, or when disabled), each with the tensors concerned ("input", "weight", "grad_output")."""
         return list(self._last_fp8_found)
 

@@ -7,7 +7,7 @@
     loss.backward()              # dW of each FP8-weight layer lands on its FP32 master
     optimizer.step()             # the update is applied in FP32, then each FP8 weight = cast(master)
 
-The masters start as the decoded FP8 weights. See fp8mp/fp8_weight.py for why the master is
+The masters start as the decoded FP8 weights. See fp8mp/nn/fp8_weight.py for why the master is
 the autograd leaf. Create this wrapper after moving the model to its device (the masters are
 made on the FP8 weights' device). For LR schedulers, which want a `torch.optim.Optimizer`,
 pass `wrapper.optimizer`.

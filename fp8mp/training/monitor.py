@@ -1,5 +1,7 @@
 """`Fp8Monitor`: per-layer, per-step FP8 numerics of a model's fp8mp.nn.Linear (and Conv1D) layers.
 
+Usage::
+
     monitor = fp8mp.monitor.attach(model, every=10)   # hooks on every fp8mp.nn.Linear
     for step in range(steps):
         with fp8mp.fp8_autocast():

@@ -106,23 +106,24 @@ class LoRAConfig:
 class TrainerConfig:
     """How `fp8mp.Trainer` converts, runs and optimizes a model (keys of `from_dict`, with defaults).
 
-    precision: "fp8_mixed" (fp8mp.nn.Linear in FP8 inside fp8_autocast), "bf16" (torch.autocast bf16) or "fp32".
-    fp8_format: "HYBRID" (E4M3 forward, E5M2 gradients) or "E4M3"; "E5M2" is refused.
-    scaling: "delayed" (DelayedScaling: amax_history_len, amax_compute_algo, margin), "current" (margin), or
-        a fine-grained recipe with its defaults: "rowwise" (RowwiseScaling), "block" (BlockScaling, DeepSeek-V3's
-        1x128 / 128x128) or "mxfp8" (MXFP8Scaling, 1x32 E8M0); those ignore margin and the history keys.
-    initial_scale, dynamic_loss_scaling, growth_interval: the LossScaler (disabled: a pass-through).
-    lr, weight_decay: AdamW over the trainable parameters (when no optimizer is given).
-    grad_clip: max global gradient norm, clipped in FP32 after unscaling; None: no clipping.
-    activation_dtype: for "fp8_mixed", "bf16" runs the non-FP8 ops under torch.autocast(bf16), "fp32" not.
-    format_overrides: {module-name prefix: "E4M3" | "HYBRID"}; a prefix matches a module's name or the names
-        under it ("enc" matches "enc" and "enc.fc", not "encoder"); the longest matching prefix wins.
-    keep_high_precision: module-name prefixes (same matching) whose Linear layers are not converted.
-    fallback, fallback_cooldown_steps: fp8mp.fallback.FallbackPolicy (layers that keep overflowing run in
-        high precision for that many steps).
-    monitor: attach an fp8mp.monitor.Fp8Monitor recording every `log_every` steps.
-    lora: None, or {"rank", "alpha", "targets", optional "fp8_base_weight"} (see fp8mp.nn.lora).
-    progress_bar: a tqdm bar in `fit`; log_every: steps between bar updates (and monitor records).
+    Keys:
+        precision: "fp8_mixed" (fp8mp.nn.Linear in FP8 inside fp8_autocast), "bf16" (torch.autocast bf16) or "fp32".
+        fp8_format: "HYBRID" (E4M3 forward, E5M2 gradients) or "E4M3"; "E5M2" is refused.
+        scaling: "delayed" (DelayedScaling: amax_history_len, amax_compute_algo, margin), "current" (margin), or
+            a fine-grained recipe with its defaults: "rowwise" (RowwiseScaling), "block" (BlockScaling, DeepSeek-V3's
+            1x128 / 128x128) or "mxfp8" (MXFP8Scaling, 1x32 E8M0); those ignore margin and the history keys.
+        initial_scale, dynamic_loss_scaling, growth_interval: the LossScaler (disabled: a pass-through).
+        lr, weight_decay: AdamW over the trainable parameters (when no optimizer is given).
+        grad_clip: max global gradient norm, clipped in FP32 after unscaling; None: no clipping.
+        activation_dtype: for "fp8_mixed", "bf16" runs the non-FP8 ops under torch.autocast(bf16), "fp32" not.
+        format_overrides: {module-name prefix: "E4M3" | "HYBRID"}; a prefix matches a module's name or the names
+            under it ("enc" matches "enc" and "enc.fc", not "encoder"); the longest matching prefix wins.
+        keep_high_precision: module-name prefixes (same matching) whose Linear layers are not converted.
+        fallback, fallback_cooldown_steps: fp8mp.fallback.FallbackPolicy (layers that keep overflowing run in
+            high precision for that many steps).
+        monitor: attach an fp8mp.monitor.Fp8Monitor recording every `log_every` steps.
+        lora: None, or {"rank", "alpha", "targets", optional "fp8_base_weight"} (see fp8mp.nn.lora).
+        progress_bar: a tqdm bar in `fit`; log_every: steps between bar updates (and monitor records).
     """
 
     precision: str = "fp8_mixed"

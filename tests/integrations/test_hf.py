@@ -41,7 +41,7 @@ def assert_same_state(a, b) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_save_pretrained_of_a_converted_model_round_trips(tmp_path, family):
-    # The report: convert, a few FP8 steps, save_pretrained (safetensors) failed on the FP8 state.
+    # convert, a few FP8 steps, save_pretrained (safetensors): the FP8 state must survive the round trip.
     model = fp8mp.convert(hf_models.build(family))
     fp8_steps(model)
     model.save_pretrained(tmp_path)

@@ -1,6 +1,6 @@
 """transformers.Trainer with fp8mp.integrations.hf.prepare: tiny GPT-2 and Llama from configs, on CPU.
 
-The FP8 run must learn like the same Trainer run in BF16 (README, "Using with Hugging Face":
+The FP8 run must learn like the same Trainer run in BF16 (docs/huggingface.md, "Losses":
 the gap is within the BF16 seed-to-seed spread measured by examples/hf_trainer.py), with
 gradient accumulation, evaluation, a checkpoint, a resume from it that gives the very same
 losses, and save_model at the end that from_pretrained restores bit-exactly.
@@ -19,7 +19,7 @@ hf = pytest.importorskip("fp8mp.integrations.hf")
 STEPS = 24
 CHECKPOINT = STEPS // 2
 # FP8 vs BF16 final eval loss, relative. Measured here: 0.08% (GPT-2), 0.05% (Llama); the BF16
-# seed-to-seed spread is 1.25% and 1.43% (README, "Using with Hugging Face"): 1% stays inside that noise.
+# seed-to-seed spread is 1.25% and 1.43% (docs/huggingface.md, "Losses"): 1% stays inside that noise.
 TOLERANCE = 0.01
 
 

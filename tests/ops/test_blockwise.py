@@ -2,7 +2,7 @@
 
 MXFP8 against torchao's to_mx (FLOOR and RCEIL), rowwise against torchao's Float8 rowwise scaling
 (tensor_to_scale, with and without power-of-two rounding), DeepSeek-V3 tiles against a plain
-PyTorch reference (tests/ops/blockwise_reference.py), the GEMM against the chunked fp32 arithmetic.
+PyTorch reference (tests/blockwise_reference.py), the GEMM against the chunked fp32 arithmetic.
 """
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def test_cuda_opcheck_and_device_errors():
         fp8mp.cast_to_fp8(x, torch.ones(1, device="cuda"), torch.zeros(1), "e4m3")
 
 
-# ---------------------------------------------------------------- issue 12: NaN sign, >2M rows, vector paths
+# ---------------------------------------------------------------- NaN sign, >2M rows, vector paths
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])

@@ -94,7 +94,7 @@ def test_cuda_opcheck_and_device_errors():
         fp8mp.fp8_gemm(a.to(torch.float32).to(E5M2), s, b.to(torch.float32).to(E5M2), s)
 
 
-# ---------------------------------------------------------------- issue 12: alignment, plan cache, padding
+# ---------------------------------------------------------------- alignment, plan cache, padding
 
 @needs_fp8_gpu
 @pytest.mark.cuda

@@ -1,4 +1,4 @@
-"""The cast kernels' sm_90 machine code uses vector global accesses (issue 12, item 4).
+"""The cast kernels' sm_90 machine code uses vector global accesses.
 
 Compiled from the torch-free kernel file with nvcc and read with cuobjdump, so
 it runs on a CPU-only machine with a CUDA toolkit; skipped without one. The

@@ -32,7 +32,7 @@ def die() -> None:
 def init_process_group(attempt: int) -> None:
     """gloo, through a store prefix of this attempt's own. torchrun's agent hosts the store and it outlives an
     attempt: restarted ranks could otherwise read the dead ranks' addresses of the previous attempt
-    ("Gloo connectFullMesh failed ... Connection refused", cf. pytorch/pytorch#167288)."""
+    ("Gloo connectFullMesh failed ... Connection refused", https://github.com/pytorch/pytorch/issues/167288)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
