@@ -332,6 +332,8 @@ def main(argv=None) -> None:
     from gpt_report import plot_losses, report_table  # matplotlib only for the CLI
 
     args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     model_config, config = configs_from(args)
     print(f"fp8mp {fp8mp.__version__} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads")
     print(f"model: {model_config}\ntrain: {config}\n")

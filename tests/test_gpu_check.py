@@ -115,4 +115,5 @@ def test_the_docs_give_each_step_its_limit():
     text = DOC.read_text()
     documented = dict(re.findall(r"^\| `([^`]+)` \| (\d+) s \|", text, re.M))
     assert {name: str(limit) for name, limit in plan()} == documented
+    assert f"the limits sum to {sum(limit for _, limit in plan())} s" in text
     assert "make gpu-wheel" in text and "--dry-run" in text
