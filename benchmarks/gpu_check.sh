@@ -61,6 +61,9 @@ TEST_ALARM_S=30    # one test's limit (tests/conftest.py, FP8MP_TEST_TIMEOUT), s
 DRY_RUN_SCALE=${GPU_CHECK_DRY_RUN_SCALE:-4}  # the dry run's limits: the GPU's times this, for a small shared CPU
 
 PY=${PYTHON:-python3}
+# -P: no checkout folder first on sys.path, so that `import fp8mp` finds the installed wheel, not ./fp8mp (which has
+# no libraries). Python 3.10 lacks it; there the dry run imports ./fp8mp through PYTHONPATH anyway.
+SAFE_PATH=$("$PY" -c 'import sys; print("-P" if sys.version_info >= (3, 11) else "")')
 OUT_DIR=${OUT:-benchmarks/out}
 WHEEL_DIR=${GPU_CHECK_WHEEL_DIR:-dist-gpu}
 mkdir -p "$OUT_DIR"
@@ -96,7 +99,9 @@ fi
 step_install() {
   local wheels=("$WHEEL_DIR"/fp8mp-*.whl)
   if (( DRY_RUN )); then
-    echo "dry run: installs nothing; the GPU run installs ${wheels[0]}$([[ -f ${wheels[0]} ]] || echo ' (not built here yet: make gpu-wheel)')"
+    local built=""
+    [[ -f ${wheels[0]} ]] || built=" (not built here yet: make gpu-wheel)"
+    echo "dry run: installs nothing; the GPU run installs ${wheels[0]}$built"
   else
     if [[ ! -f ${wheels[0]} ]]; then
       echo "no wheel in $WHEEL_DIR/: build it with 'make gpu-wheel' and carry $WHEEL_DIR (docs/gpu_check.md)"
@@ -106,8 +111,8 @@ step_install() {
     "$PY" -m pip install --no-deps --no-index --force-reinstall --no-cache-dir --disable-pip-version-check -q \
       "${wheels[0]}" || return 1
   fi
-  # From / with -P: the installed fp8mp, never the source folder fp8mp/ of this checkout (it has no libraries).
-  (cd / && "$PY" -P -c "
+  # From / and with -P: the installed fp8mp, never the source folder fp8mp/ of this checkout.
+  (cd / && "$PY" $SAFE_PATH -c "
 import fp8mp
 from fp8mp.ops import _build_info
 print('fp8mp', fp8mp.__version__, 'from', fp8mp.__file__)
@@ -152,7 +157,7 @@ EOF
 }
 
 test_command() {  # the pytest command of one CUDA test file, the same in both runs
-  local pytest=("$PY" -P -m pytest -p no:cacheprovider -m cuda "$1")
+  local pytest=("$PY" $SAFE_PATH -m pytest -p no:cacheprovider -m cuda "$1")
   if (( DRY_RUN )); then
     PYTHONPATH=$PYTHONPATH:$PWD/benchmarks "${pytest[@]}" -p gpu_image_imports -qq --collect-only
   else
@@ -231,8 +236,8 @@ run_step() {
 }
 
 # What the steps read, for the `bash -c` each runs in under `timeout`.
-export PY DEVICE FIGURES WHEEL_DIR DRY_RUN TEST_ALARM_S GEMM_SIZES CAST_SIZES CAST_COLS LINEAR_SHAPES BLOCK_SIZES \
-  GPT_ARGS MEMORY_ARGS
+export PY SAFE_PATH DEVICE FIGURES WHEEL_DIR DRY_RUN TEST_ALARM_S \
+  GEMM_SIZES CAST_SIZES CAST_COLS LINEAR_SHAPES BLOCK_SIZES GPT_ARGS MEMORY_ARGS
 
 print_plan() {
   local total=0 entry name limit
@@ -246,7 +251,8 @@ print_plan() {
   PLAN_TOTAL_S=$total
 }
 
-echo "gpu_check: device=$DEVICE dry_run=$DRY_RUN python=$PY out=$OUT_DIR wheel_dir=$WHEEL_DIR $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "gpu_check: device=$DEVICE dry_run=$DRY_RUN python=$PY out=$OUT_DIR wheel_dir=$WHEEL_DIR" \
+  "$(date -u '+%Y-%m-%d %H:%M UTC')"
 print_plan
 "$PY" benchmarks/results_json.py "$FIGURES" plan "$(printf '%s\n' "${PLAN[@]}" | "$PY" -c \
   'import json, sys; print(json.dumps([{"step": s, "limit_s": int(t)} for s, t in (l.split() for l in sys.stdin)]))')"
@@ -259,8 +265,8 @@ fi
 # package is installed, says which files hold CUDA tests and how many.
 check_test_plan() {
   local expected
-  expected=$("$PY" -P -m pytest -p no:cacheprovider -m cuda -q --collect-only --continue-on-collection-errors tests 2>&1 \
-    | grep '::' | sed 's/::.*//' | sort | uniq -c)
+  expected=$("$PY" $SAFE_PATH -m pytest -p no:cacheprovider -m cuda -q --collect-only --continue-on-collection-errors \
+    tests 2>&1 | grep '::' | sed 's/::.*//' | sort | uniq -c)
   if [[ -z $expected ]]; then
     echo "TEST PLAN: collecting 'pytest -m cuda tests' found no tests"
     return 1
@@ -313,14 +319,16 @@ for entry in "${PLAN[@]}"; do
     exit 1
   fi
   if [[ $name == environment ]] && ! "$PY" -c "import pytest, hypothesis, ml_dtypes, numpy" 2>/dev/null; then
-    TESTS_UNRUNNABLE="this machine's Python lacks pytest, hypothesis, ml_dtypes or numpy (see 'missing' above): carry them as wheels (docs/gpu_check.md); the benchmarks still run"
+    TESTS_UNRUNNABLE="this machine's Python lacks pytest, hypothesis, ml_dtypes or numpy (see 'missing' above):"
+    TESTS_UNRUNNABLE+=" carry them as wheels (docs/gpu_check.md); the benchmarks still run"
     echo "$TESTS_UNRUNNABLE"
   fi
   if (( DRY_RUN )) && [[ $name == test:* ]] && (( rc == 0 )); then
     file=${name#test:}
     collected=$(sed -n "s|^$file: \([0-9]*\)\$|\1|p" "$STEP_OUTPUT")
     if [[ ${collected:-0} != "${EXPECTED_COUNT[$file]}" ]]; then
-      echo "COLLECTION SHORT: $file collects ${collected:-0} CUDA tests as the GPU machine would, ${EXPECTED_COUNT[$file]} with every package"
+      echo "COLLECTION SHORT: $file collects ${collected:-0} CUDA tests as the GPU machine would," \
+        "${EXPECTED_COUNT[$file]} with every package"
       FAILED+=("$name(collected ${collected:-0} of ${EXPECTED_COUNT[$file]})")
     fi
   fi
