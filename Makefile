@@ -6,6 +6,9 @@
 #                 runs again
 #   make wheel  - dist/fp8mp-*.whl: one wheel for CPython >= 3.10 and torch >= 2.11
 #   make docs   - the user guide (docs/, Sphinx) into build/docs, warnings as errors
+#   make gpu-wheel - dist-gpu/fp8mp-*.whl: the same wheel with CUDA code for Hopper (9.0) only, what
+#                 benchmarks/gpu_check.sh installs on a lent H100/H200 (docs/gpu_check.md); its dry run
+#                 (make test-gpu-check-dry-run) is part of test-py, through tests/test_gpu_check.py
 # FP8MP_CUDA=0 gives a quick CPU-only build; the default (auto) also compiles
 # the CUDA kernels when torch is a CUDA build and nvcc is present.
 SHELL := /bin/bash
@@ -46,7 +49,8 @@ export PIP_NO_CACHE_DIR := 1
 WHEEL_DIR := dist
 WHEEL_STAMP := $(VENV)/.wheel-stamp
 
-.PHONY: demo test docs test-cpp test-py test-wheels user-install user-install-source build wheel bench system-deps clean
+.PHONY: demo test docs test-cpp test-py test-wheels test-gpu-check-dry-run user-install user-install-source build wheel \
+  gpu-wheel bench system-deps clean
 
 demo: wheel
 	$(PY) examples/train_gpt.py
@@ -114,9 +118,28 @@ user-install-source:
 docs: $(BUILD_STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs build/docs
 	@echo "docs: build/docs/index.html"
+# The wheel benchmarks/gpu_check.sh carries to a lent Hopper GPU: CUDA code for 9.0 alone (GPU_WHEEL_ARCH),
+# built from a copy of the sources in build/gpu-wheel/src so that neither the in-place build (fp8mp/*.so,
+# fp8mp/ops/_build_info.py) nor dist/ changes; the copy keeps its ninja objects, so a rebuild compiles only
+# what changed.
+GPU_WHEEL_DIR := dist-gpu
+GPU_WHEEL_SRC := build/gpu-wheel/src
+GPU_WHEEL_ARCH ?= 9.0
+gpu-wheel: $(DEPS_STAMP)
+	mkdir -p $(GPU_WHEEL_SRC)
+	rm -rf $(GPU_WHEEL_SRC)/fp8mp $(GPU_WHEEL_SRC)/csrc
+	cp -a fp8mp csrc setup.py pyproject.toml README.md $(GPU_WHEEL_SRC)/  # -a keeps mtimes: ninja stays incremental
+	find $(GPU_WHEEL_SRC)/fp8mp \( -name '*.so' -o -name _build_info.py -o -name __pycache__ \) -prune -exec rm -rf {} +
+	rm -rf $(GPU_WHEEL_DIR) $(GPU_WHEEL_SRC)/build/lib.*
+	cd $(GPU_WHEEL_SRC) && FP8MP_CUDA=1 TORCH_CUDA_ARCH_LIST=$(GPU_WHEEL_ARCH) $(abspath $(PY)) setup.py -q bdist_wheel -d $(abspath $(GPU_WHEEL_DIR))
+	ls -l $(GPU_WHEEL_DIR)
 
 bench: wheel
 	$(PY) benchmarks/bench_cast.py
 
+# benchmarks/gpu_check.sh --dry-run: the GPU check's plan and its test collection, here, without a GPU.
+test-gpu-check-dry-run: build
+	PYTHON=$(PY) bash benchmarks/gpu_check.sh --dry-run
+
 clean:
-	rm -rf build dist *.egg-info fp8mp/*.so fp8mp/ops/_build_info.py $(VENV) .venv-torch*
+	rm -rf build dist $(GPU_WHEEL_DIR) *.egg-info fp8mp/*.so fp8mp/ops/_build_info.py $(VENV) .venv-torch*

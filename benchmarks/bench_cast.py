@@ -19,6 +19,7 @@ import torch
 import fp8mp
 from fp8mp.ops.format import FP8_DTYPES, FP8_MAX
 
+from results_json import record
 from timing import cpu_matrix_units, format_size, markdown_table, parse_size, time_peers, where
 
 DEFAULT_SIZES = {"cpu": "1M,4M,16M,64M", "cuda": "1M,16M,64M,256M"}
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--transpose", action="store_true", help="benchmark cast_to_fp8_transpose")
     parser.add_argument("--cols", type=int, default=4096, help="columns of the 2-D input (rows = elements / cols)")
     parser.add_argument("--goal", type=float, default=None, help="print whether bandwidth vs clone reaches this")
+    parser.add_argument("--json", default=None, help="add the rows to this JSON file (benchmarks/results_json.py)")
     args = parser.parse_args()
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         raise SystemExit("--device cuda: no CUDA device or fp8mp was built without CUDA kernels")
@@ -100,6 +102,7 @@ def main() -> None:
         print(f"\nCPU: {cpu_matrix_units()}")
     if args.goal is not None:
         print(goal_line(rows, args.goal))
+    record(args.json, "cast_transpose" if args.transpose else "cast", rows)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 
 import fp8mp
 
+from results_json import record
 from timing import markdown_table, median_time, parse_shapes, time_peers, where
 
 # CPU: a small size and the two of the CPU GEMM goal (>= 1.0x bf16 mm at 2048^3 and 4096x1024x1024).
@@ -95,11 +96,14 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if fp8mp.cuda_kernels_available() else "cpu")
     parser.add_argument("--sizes", default=None, help="comma-separated MxKxN (default depends on device)")
     parser.add_argument("--fast-accum", action="store_true", help="use_fast_accum for fp8mp and _scaled_mm (CUDA only)")
+    parser.add_argument("--json", default=None, help="add the rows to this JSON file (benchmarks/results_json.py)")
     args = parser.parse_args()
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         parser.error("--device cuda needs a CUDA device and fp8mp built with its CUDA kernels")
-    print(table(run(args.device, args.sizes, args.fast_accum), args.device))
+    rows = run(args.device, args.sizes, args.fast_accum)
+    print(table(rows, args.device))
     print("ratio = peer time / fp8mp time (> 1: fp8mp faster)")
+    record(args.json, "gemm_fast_accum" if args.fast_accum else "gemm", rows)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 import fp8mp
 from fp8mp.recipe import DelayedScaling
 
+from results_json import record
 from timing import markdown_table, parse_shapes, time_peers, where
 
 
@@ -105,10 +106,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shapes", default=None, help="comma-separated MxKxN (default depends on device)")
+    parser.add_argument("--json", default=None, help="add the rows to this JSON file (benchmarks/results_json.py)")
     args = parser.parse_args()
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         raise SystemExit("--device cuda: no CUDA device or fp8mp was built without CUDA kernels")
-    print(table(run(args.device, args.shapes), args.device))
+    rows = run(args.device, args.shapes)
+    print(table(rows, args.device))
+    record(args.json, "linear", rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ def report_table(results) -> str:
     """One row per run: final losses, their relative difference from BF16 and FP32, speed, memory."""
     by_name = {r.name: r for r in results}
     bf16, fp32 = by_name["BF16"], by_name["FP32"]
-    header = ("run", "train loss", "val loss", "val vs BF16", "val vs FP32", "train vs BF16", "train vs FP32", "median step", "peak RSS")
+    gpu = any(getattr(r, "peak_gpu_mib", None) is not None for r in results)
+    header = ("run", "train loss", "val loss", "val vs BF16", "val vs FP32", "train vs BF16", "train vs FP32", "median step",
+              "peak RSS") + (("peak GPU memory",) if gpu else ())
     rows = [header]
     for r in results:
         rows.append((
@@ -27,7 +29,7 @@ def report_table(results) -> str:
             f"{relative(r.final_val, bf16.final_val):+.2%}", f"{relative(r.final_val, fp32.final_val):+.2%}",
             f"{relative(r.final_train, bf16.final_train):+.2%}", f"{relative(r.final_train, fp32.final_train):+.2%}",
             f"{r.median_step_s * 1000:.0f} ms", f"{r.peak_rss_mib:.0f} MiB",
-        ))
+        ) + ((f"{r.peak_gpu_mib:.0f} MiB",) if gpu else ()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     lines.append("train loss: mean over the last 10% of steps (same batches in every run); val loss: final evaluation.")

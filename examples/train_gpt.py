@@ -3,6 +3,7 @@
     python examples/train_gpt.py            # the `make demo` run (about 5 minutes on 2 CPU cores)
     python examples/train_gpt.py --quick    # a smaller model, under a minute
     python examples/train_gpt.py --peer torchao --seeds 5   # FP8 vs torchao's FP8 per seed, vs BF16 over 5 seeds
+    python examples/train_gpt.py --device cuda --steps 50   # on a GPU (peak GPU memory per run in the table)
 
 FP8: every projection (fp8mp.nn.Linear) computes in FP8 inside `fp8mp.fp8_autocast`
 (DelayedScaling, Format.HYBRID: E4M3 forward, E5M2 gradients) while the rest of
@@ -92,10 +93,13 @@ class TrainConfig:
     corpus_bytes: int = 400_000
     monitor_every: int = 5
     recipe: str = "delayed"  # the FP8 run's recipe, a key of RECIPES
+    device: str = "cpu"  # where the model and the batches live: "cpu" or "cuda"
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"TrainConfig: argument 'recipe' must be one of {sorted(RECIPES)}, got {self.recipe!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"TrainConfig: argument 'device' must be 'cpu' or 'cuda', got {self.device!r}")
         for name in ("steps", "batch_size", "eval_every", "eval_batches", "corpus_bytes", "monitor_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -114,6 +118,7 @@ class RunResult:
     val_losses: list[float]
     step_seconds: list[float]
     peak_rss_mib: float
+    peak_gpu_mib: float | None = None  # torch.cuda.max_memory_allocated of the run's process (CUDA runs)
     fp8_modules: int = 0
     fp8_amax_nonzero: bool = False
     monitor_summary: str = ""
@@ -173,7 +178,8 @@ def precision_context(precision: Precision, recipe: DelayedScaling, device_type:
 
 
 @torch.no_grad()
-def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Precision, recipe) -> float:
+def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Precision, recipe,
+             device: str = "cpu") -> float:
     """Mean validation loss over the fixed validation batches, in the run's own precision.
 
     In FP8 these forwards also push their amaxes into the layers' delayed-scaling history,
@@ -183,7 +189,8 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Pre
     losses = []
     for batch_starts_ in starts:
         x, y = get_batch(val, batch_starts_, model.config.context)
-        stack, _ = precision_context(precision, recipe)
+        x, y = x.to(device), y.to(device)
+        stack, _ = precision_context(precision, recipe, device)
         with stack:
             losses.append(model(x, y)[1].item())
     model.train()
@@ -223,9 +230,10 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
     starts = batch_starts(train_data, config.steps, config.batch_size, model_config.context, config.seed + 1)
     val_starts = batch_starts(val_data, config.eval_batches, config.batch_size, model_config.context, config.seed + 2)
     torch.manual_seed(config.seed)
-    model = GPT(model_config)
+    model = GPT(model_config)  # initialized on the CPU: the same weights on every device
     if precision.peer is not None:
         model = with_torchao_float8(model, config.recipe)
+    model = model.to(config.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     recipe = RECIPES[config.recipe]
     monitor = fp8mp.monitor.attach(model, every=config.monitor_every) if precision.fp8 else None
@@ -234,8 +242,9 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         x, y = get_batch(train_data, starts[step], model_config.context)
+        x, y = x.to(config.device), y.to(config.device)
         t0 = time.perf_counter()
-        loss, fp8_modules = train_step(model, optimizer, x, y, precision, recipe, config.grad_clip)
+        loss, fp8_modules = train_step(model, optimizer, x, y, precision, recipe, config.grad_clip, config.device)
         result.step_seconds.append(time.perf_counter() - t0)
         result.train_losses.append(loss)
         result.fp8_modules = max(result.fp8_modules, fp8_modules)
@@ -243,7 +252,7 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
             monitor.record_step()
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
             with monitor.pause() if monitor is not None else contextlib.nullcontext():
-                result.val_losses.append(evaluate(model, val_data, val_starts, precision, recipe))
+                result.val_losses.append(evaluate(model, val_data, val_starts, precision, recipe, config.device))
             result.val_steps.append(step + 1)
     _finish(result, model, monitor, out_dir)
     return result
@@ -251,6 +260,8 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
 
 def _finish(result: RunResult, model: GPT, monitor, out_dir: str | None) -> None:
     result.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    if next(model.parameters()).is_cuda:
+        result.peak_gpu_mib = torch.cuda.max_memory_allocated() / 2**20
     linears = [m for m in model.modules() if isinstance(m, fp8mp.nn.Linear)]
     result.fp8_amax_nonzero = bool(linears) and all(bool((m.fp8_meta.amax > 0).all()) for m in linears)
     if monitor is None:
@@ -301,22 +312,28 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also train with this library's FP8 Linear under the matching recipe")
     parser.add_argument("--seeds", type=int, default=None,
                         help="FP8, the peer and BF16 for seeds 0..N-1: per-seed final val losses and their means")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--json", default=None,
+                        help="add each run's losses, step time and peak memory to this JSON file (benchmarks/results_json.py)")
     return parser.parse_args(argv)
 
 
 def configs_from(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
     if args.quick:
         return GPTConfig(n_layers=2, d_model=128, n_heads=4, context=64), TrainConfig(steps=30, batch_size=8, eval_every=10, seed=args.seed,
-                                                                                    recipe=args.recipe)
+                                                                                    recipe=args.recipe, device=args.device)
     model_config = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, context=args.context)
     return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
-                                     eval_every=min(TrainConfig.eval_every, args.steps), recipe=args.recipe)
+                                     eval_every=min(TrainConfig.eval_every, args.steps), recipe=args.recipe,
+                                     device=args.device)
 
 
 def main(argv=None) -> None:
     from gpt_report import plot_losses, report_table  # matplotlib only for the CLI
 
     args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     model_config, config = configs_from(args)
     print(f"fp8mp {fp8mp.__version__} | torch {torch.__version__} | {torch.get_num_threads()} CPU threads")
     print(f"model: {model_config}\ntrain: {config}\n")
@@ -338,6 +355,21 @@ def main(argv=None) -> None:
     files = [plot_losses(results, os.path.join(args.out, "loss_curves.png")), *fp8.files]
     print(f"\nwrote {', '.join(os.path.relpath(f) for f in files)}")
     print(f"total wall time {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        record_runs(args.json, results)
+    diverged = [r.name for r in results if not all(math.isfinite(v) for v in r.train_losses + r.val_losses)]
+    if diverged:
+        raise SystemExit(f"non-finite loss in {', '.join(diverged)}")
+
+
+def record_runs(path: str, results: list[RunResult]) -> None:
+    """Each run's final losses, median step and peak memory under the key "gpt", in the JSON file at `path`."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+    from results_json import record
+
+    record(path, "gpt", [{"run": r.name, "steps": len(r.train_losses), "final_train_loss": r.final_train,
+                          "final_val_loss": r.final_val, "median_step_s": r.median_step_s, "peak_rss_mib": r.peak_rss_mib,
+                          "peak_gpu_mib": r.peak_gpu_mib} for r in results])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def find_cuobjdump() -> str:
 
 
 CUOBJDUMP = find_cuobjdump()
-WANTED_ARCHS = ["sm_89", "sm_90", "sm_100", "sm_120"]  # Ada, Hopper, Blackwell (datacenter, consumer)
+# The released wheel's TORCH_CUDA_ARCH_LIST: Ada, Hopper, Blackwell (datacenter, consumer), PTX for newer GPUs.
+RELEASE_CUDA_ARCHS = "8.9;9.0;10.0;12.0+PTX"
+SOURCE_TREE = os.path.dirname(PACKAGE)
 OPS = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "update_amax_history_and_scale", "fp8_gemm",
        "layernorm_fwd", "layernorm_fwd_fp8", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_fwd_fp8", "rmsnorm_bwd",
        "block_quantize", "block_quantize_transpose", "block_scaled_gemm"]
@@ -60,15 +62,49 @@ def test_the_libraries_use_only_the_stable_c_shim_of_torch(library):
     assert any(s.startswith(("aoti_torch_", "torch_")) for s in undefined)
 
 
+def archs_of(arch_list: str) -> tuple[list[str], list[str]]:
+    """'8.9;9.0+PTX' -> (['sm_89', 'sm_90'], ['sm_90']): the machine code and the PTX a TORCH_CUDA_ARCH_LIST asks for."""
+    elf, ptx = [], []
+    for arch in filter(None, re.split(r"[;\s]+", arch_list)):
+        sm = "sm_" + arch.replace("+PTX", "").replace(".", "")
+        elf.append(sm)
+        if arch.endswith("+PTX"):
+            ptx.append(sm)
+    return elf, ptx
+
+
+def test_archs_of_reads_an_arch_list():
+    assert archs_of(RELEASE_CUDA_ARCHS) == (["sm_89", "sm_90", "sm_100", "sm_120"], ["sm_120"])
+    assert archs_of("9.0") == (["sm_90"], [])
+
+
 @needs_cuda_build
 @pytest.mark.skipif(not os.path.exists(CUOBJDUMP), reason="needs the CUDA toolkit's cuobjdump")
-def test_the_cuda_library_holds_code_for_every_fp8_gpu_and_ptx():
+def test_the_cuda_library_holds_code_for_the_archs_it_was_built_for():
+    """The archs setup.py recorded (fp8mp/ops/_build_info.py): the release's four and PTX, or the GPU check's 9.0."""
     cuda_library = glob.glob(os.path.join(PACKAGE, "_cuda_ops*.so"))[0]
     elf = subprocess.run([CUOBJDUMP, "--list-elf", cuda_library], capture_output=True, text=True, check=True).stdout
-    ptx = subprocess.run([CUOBJDUMP, "--list-ptx", cuda_library], capture_output=True, text=True, check=True).stdout
-    for arch in WANTED_ARCHS:
+    ptx = subprocess.run([CUOBJDUMP, "--list-ptx", cuda_library], capture_output=True, text=True).stdout
+    wanted_elf, wanted_ptx = archs_of(_build_info.CUDA_ARCHS)
+    assert wanted_elf, f"no arch recorded in {_build_info.__file__}"
+    for arch in wanted_elf:
         assert f".{arch}." in elf, f"no {arch} code in {cuda_library}:\n{elf}"
-    assert "sm_120" in ptx, f"no PTX for newer GPUs in {cuda_library}:\n{ptx}"
+    for arch in wanted_ptx:
+        assert arch in ptx, f"no {arch} PTX for newer GPUs in {cuda_library}:\n{ptx}"
+    built = {m for m in re.findall(r"\.(sm_\d+a?)\.", elf)}
+    assert built <= set(wanted_elf), f"code for {sorted(built - set(wanted_elf))}, not in {_build_info.CUDA_ARCHS!r}"
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(SOURCE_TREE, "setup.py")), reason="needs the source tree")
+def test_the_release_builds_for_every_fp8_gpu_and_ptx():
+    """What `make wheel` and `pip install .` build unless TORCH_CUDA_ARCH_LIST says otherwise."""
+    with open(os.path.join(SOURCE_TREE, "setup.py")) as f:
+        setup_py = f.read()
+    with open(os.path.join(SOURCE_TREE, "Makefile")) as f:
+        makefile = f.read()
+    assert f'DEFAULT_CUDA_ARCHS = "{RELEASE_CUDA_ARCHS}"' in setup_py
+    assert 'os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)' in setup_py
+    assert f"export TORCH_CUDA_ARCH_LIST ?= {RELEASE_CUDA_ARCHS}\n" in makefile
 
 
 @needs_cuda_build

@@ -1,10 +1,13 @@
-"""benchmarks/gpu_check.sh runs end to end: `--dry-run` takes every step on the CPU with tiny sizes.
+"""benchmarks/gpu_check.sh: the GPU check's plan, its test collection and its benchmark commands, here.
 
-The GPU run (the same script without --dry-run) needs a GPU, which the test machines lack;
-the dry run keeps the script from rotting where none is present.
+`--dry-run` installs nothing and needs no GPU: it prints the plan (each step's limit, their sum within the
+budget), collects every CUDA test file as the GPU run runs it with what the GPU machine may lack made
+unimportable (benchmarks/gpu_image_imports.py), and runs each benchmark step's command on the CPU at tiny
+sizes. The GPU run is the same script without --dry-run (docs/gpu_check.md).
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -15,58 +18,103 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STEPS = ["versions", "build", "tests", "bench_cast", "bench_cast_transpose", "bench_gemm", "bench_gemm_fast_accum",
-         "bench_linear", "bench_norm", "bench_gpt_step"]
+DOC = ROOT / "docs" / "gpu_check.md"
+BUDGET_S = 520  # of the 600 s a device command may run: start-up, the last step's kill and the copy-back fit in the rest
+FIGURES = ["gemm", "gemm_fast_accum", "cast_transpose", "linear", "block_scaling", "gpt", "weight_memory",
+           "training_step_peak_memory"]
 
 
-def run_dry(out_dir: pathlib.Path, budget_s: int, timeout_s: int) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OUT=str(out_dir), PYTHON=sys.executable, GPU_CHECK_BUDGET_S=str(budget_s),
-               PYTHONPATH=str(ROOT))
+def plan() -> list[tuple[str, int]]:
+    """The script's PLAN: (step, limit in seconds), in order."""
+    block = re.search(r"^PLAN=\(\n(.*?)^\)", SCRIPT.read_text(), re.S | re.M).group(1)
+    return [(name, int(limit)) for name, limit in re.findall(r'^\s*"(\S+) (\d+)"', block, re.M)]
+
+
+def run_script(out_dir: pathlib.Path, timeout_s: int, **env) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OUT=str(out_dir), PYTHON=sys.executable, **env)
     env.pop("FP8MP_TEST_TIMEOUT", None)
     return subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
 
 
-def step_files(out_dir: pathlib.Path) -> dict[str, pathlib.Path]:
-    return {re.sub(r"^\d\d_", "", p.stem): p for p in out_dir.glob("[0-9][0-9]_*.txt")}
+def test_the_plan_fits_one_device_command():
+    steps = plan()
+    names = [name for name, _ in steps]
+    assert names[:2] == ["install", "environment"]
+    assert sum(limit for _, limit in steps) <= BUDGET_S
+    assert re.search(r"^PLAN_BUDGET_S=\$\{GPU_CHECK_PLAN_BUDGET_S:-520\}", SCRIPT.read_text(), re.M)
+    tests = [name for name in names if name.startswith("test:")]
+    assert tests and all((ROOT / name[len("test:"):]).is_file() for name in tests)
+    assert {f"bench_{b}" for b in ("gemm", "cast_transpose", "linear", "block_scaling")} | {"gpt_loss_check",
+                                                                                            "peak_memory"} <= set(names)
 
 
-def test_dry_run_takes_every_step_and_keeps_each_result(tmp_path):
-    result = run_dry(tmp_path, budget_s=2160, timeout_s=2200)  # the dry run's default budget (4 x 540 s)
+def test_the_dry_run_passes_and_keeps_to_one_log_and_one_json(tmp_path):
+    result = run_script(tmp_path, timeout_s=1500)
     log = (tmp_path / "gpu_check.log").read_text()
-    assert result.returncode == 0, log[-4000:]
+    assert result.returncode == 0, log[-6000:]
     assert "all steps passed" in log
-    files = step_files(tmp_path)
-    assert list(files) == STEPS or sorted(files) == sorted(STEPS)
-    assert "torch" in files["versions"].read_text()
-    assert "CUDA kernels:" in files["build"].read_text()
-    assert re.search(r"slowest \d+ durations|no tests ran|deselected|skipped", files["tests"].read_text())
-    for name in STEPS[3:]:
-        text = files[name].read_text()
-        assert "|---:|" in text, (name, text[-2000:])  # the benchmark's markdown table
-        assert text in log  # and the log has it too
-    assert "goal: bandwidth >= 85% of x.clone()" in files["bench_cast_transpose"].read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.log"]
+    total = int(re.search(r"sum of the limits\s+(\d+)s \(at most 520s\)", log).group(1))
+    assert total == sum(limit for _, limit in plan()) <= BUDGET_S
+    for name, limit in plan():  # the plan printed with each step's limit, then each step's output in the log
+        assert re.search(rf"^  {re.escape(name)}\s+{limit}s$", log, re.M), name
+        assert f"=== {name} (t=" in log and f"--- {name}: rc=0" in log, name
+    figures = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [s["step"] for s in figures["steps"]] == [name for name, _ in plan()]
+    assert all(s["rc"] == 0 for s in figures["steps"])
+    assert figures["plan"] == [{"step": name, "limit_s": limit} for name, limit in plan()]
+    for key in FIGURES:  # every benchmark wrote its rows
+        assert figures[key], key
+    # Each CUDA test file collected under the GPU machine's imports as many tests as with every package here.
+    counts = dict(re.findall(r"^  (tests/\S+)\s+(\d+) tests, limit", log, re.M))
+    assert set(counts) == {name[len("test:"):] for name, _ in plan() if name.startswith("test:")}
+    for file, count in counts.items():
+        assert re.search(rf"^{re.escape(file)}: {count}$", log, re.M), file
+    assert sum(map(int, counts.values())) > 500
+    assert {r["run"] for r in figures["gpt"]} == {"FP8", "BF16", "FP32"}
 
 
-def test_a_short_budget_skips_late_steps_but_keeps_early_results(tmp_path):
-    # 15 s: the first steps fit on any machine (versions alone, if slow, is cut at 10 s and still keeps what
-    # it printed), but ten steps that each start a Python with torch never do. 40 s was enough for every
-    # step on CI's faster machine, so the budget never ran out there.
-    result = run_dry(tmp_path, budget_s=15, timeout_s=160)
+def test_a_plan_over_its_budget_fails_before_any_step(tmp_path):
+    result = run_script(tmp_path, timeout_s=120, GPU_CHECK_PLAN_BUDGET_S="100")
     log = (tmp_path / "gpu_check.log").read_text()
     assert result.returncode != 0
-    files = step_files(tmp_path)
-    versions = files["versions"].read_text()
-    assert versions.strip() and versions in log  # the first step's output survives the later timeouts
-    last = files[max(files, key=lambda name: STEPS.index(name))].read_text()
-    assert "SKIPPED: no time left" in last or "TIMED OUT" in last  # the step the budget ran out in says so
-    assert "FAILED" in log or "BUILD FAILED" in log
+    assert re.search(r"PLAN OVER BUDGET: the limits sum to \d+s, more than 100s", log)
+    assert "=== install" not in log
 
 
-def test_script_budget_fits_one_device_call():
-    text = SCRIPT.read_text()
-    assert "BUDGET_S=${GPU_CHECK_BUDGET_S:-$(( 540 * SCALE ))}" in text
-    assert "SCALE=${GPU_CHECK_STEP_SCALE:-$(( DRY_RUN ? 4 : 1 ))}" in text
-    limits = [int(m) for m in re.findall(r"run_step \w+ (\d+) ", text)]
-    assert len(limits) == len(STEPS)
-    assert sum(limits) <= 540  # each step's own cap, before the running budget clamps them further
+def collect_under_the_gpu_image(tmp_path, source: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_probe.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)]),
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "gpu_image_imports", "-p", "no:cacheprovider",
+                           "-q", "--rootdir", str(tmp_path), *args, str(tmp_path / "test_probe.py")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("module", ["torchao", "transformers", "safetensors"])
+def test_the_gpu_image_refuses_a_module_level_import_of_what_the_gpu_may_lack(tmp_path, module):
+    pytest.importorskip(module)  # installed here: the refusal is the plugin's, not the environment's
+    result = collect_under_the_gpu_image(tmp_path, f"import {module}\n\ndef test_probe_cuda():\n    pass\n",
+                                         "--collect-only")
+    assert result.returncode != 0
+    assert f"No module named '{module}' (not among what the GPU check's machine is sure to hold" in result.stdout
+
+
+def test_the_gpu_image_skips_a_test_that_imports_it_inside_and_keeps_what_fp8mp_promises(tmp_path):
+    source = ("import hypothesis, ml_dtypes, numpy, pytest, torch, tqdm\nimport fp8mp\n\n"
+              "def test_needs_torchao():\n    pytest.importorskip('torchao')\n\n"
+              "def test_runs():\n    assert fp8mp.__version__\n")
+    result = collect_under_the_gpu_image(tmp_path, source, "-rs")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "1 passed, 1 skipped" in result.stdout
+    assert "refused torchao" in result.stdout
+
+
+@pytest.mark.skipif(not DOC.exists(), reason="needs the source tree's docs/ (the wheel's test runs copy tests/ alone)")
+def test_the_docs_give_each_step_its_limit():
+    text = DOC.read_text()
+    documented = dict(re.findall(r"^\| `([^`]+)` \| (\d+) s \|", text, re.M))
+    assert {name: str(limit) for name, limit in plan()} == documented
+    assert f"the limits sum to {sum(limit for _, limit in plan())} s" in text
+    assert "make gpu-wheel" in text and "--dry-run" in text

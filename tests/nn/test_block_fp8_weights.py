@@ -13,14 +13,11 @@ import pytest
 import torch
 
 import fp8mp
+import torchao_reference
 from blockwise_reference import deepseek_quantize, expand_tiles
 from fp8mp.nn.lora import apply_lora
 from fp8mp.scaling.recipe import BlockScaling, CurrentScaling, Format, MXFP8Scaling, RowwiseScaling
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
-from torchao.float8.config import ScalingGranularity
-from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
-from torchao.prototype.mx_formats.config import ScaleCalculationMode
-from torchao.prototype.mx_formats.mx_tensor import to_mx
 
 E4M3 = torch.float8_e4m3fn
 RECIPES = [RowwiseScaling(), RowwiseScaling(power_of_2_scales=False), BlockScaling(), BlockScaling(power_of_2_scales=True),
@@ -38,13 +35,11 @@ def reference_quantize(w: torch.Tensor, recipe) -> tuple[torch.Tensor, torch.Ten
     """(data, scale_inv) of w [R, C] quantized along C as `recipe` quantizes a weight, by an independent reference."""
     w = w.detach()
     if isinstance(recipe, RowwiseScaling):
-        scale = tensor_to_scale(w, E4M3, scaling_granularity=ScalingGranularity.AXISWISE, axiswise_dim=-1,
-                                round_scales_to_power_of_2=recipe.power_of_2_scales)
-        return to_fp8_saturated(w * scale, E4M3), scale.reciprocal()
+        data, scale = torchao_reference.rowwise(w, E4M3, recipe.power_of_2_scales)
+        return data, scale.reciprocal()
     if isinstance(recipe, BlockScaling):
         return deepseek_quantize(w, 128, 128, E4M3, recipe.power_of_2_scales)
-    mode = ScaleCalculationMode.RCEIL if recipe.scale_mode == "rceil" else ScaleCalculationMode.FLOOR
-    scale, data = to_mx(w.contiguous(), E4M3, 32, mode)
+    scale, data = torchao_reference.to_mx(w.contiguous(), E4M3, 32, recipe.scale_mode)
     return data, scale.reshape(w.shape[0], w.shape[1] // 32)
 
 
@@ -129,7 +124,7 @@ def test_forward_reads_the_stored_bytes():
     x = torch.randint(-6, 7, (5, layer.in_features)).float()  # integers: chunk sums exact, any order
     with fp8mp.fp8_autocast(fp8_recipe=recipe), torch.no_grad():
         out = layer(x)
-    sx, xq = to_mx(x, E4M3, 32, ScaleCalculationMode.RCEIL)
+    sx, xq = torchao_reference.to_mx(x, E4M3, 32, "rceil")
     w = layer.weight_fp8.float() * expand_tiles(layer.weight_scale_inv.float(), 1, 32, layer.weight_fp8.shape)
     xd = xq.float() * expand_tiles(sx.reshape(5, -1).float(), 1, 32, x.shape)
     assert torch.equal(out, xd @ w.T)

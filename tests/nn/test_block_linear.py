@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import fp8mp
+import torchao_reference
 from blockwise_reference import block_gemm_reference, deepseek_quantize
 from fp8mp.scaling.recipe import BlockScaling, Format, MXFP8Scaling, RowwiseScaling
-from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
 RECIPES = [RowwiseScaling(), RowwiseScaling(power_of_2_scales=False), BlockScaling(), BlockScaling(power_of_2_scales=True),
            MXFP8Scaling(), MXFP8Scaling("floor"), MXFP8Scaling(fp8_format=Format.HYBRID)]
@@ -63,8 +63,7 @@ def test_rowwise_matches_torchao_rowwise_float8linear_emulate():
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(192, 160))
     ours = fp8mp.convert(copy.deepcopy(ref))
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("rowwise"), emulate=True)
-    theirs = convert_to_float8_training(copy.deepcopy(ref), config=config)
+    theirs = torchao_reference.float8_training(copy.deepcopy(ref), "rowwise")
     x = (torch.randn(96, 192) * torch.exp2(torch.randn(96, 1) * 2)).requires_grad_(True)
     g = torch.randn(96, 160)
     x2 = x.detach().clone().requires_grad_(True)
@@ -95,10 +94,8 @@ def test_forward_is_the_reference_quantizers_and_chunked_gemm(recipe):
         wq, sw = deepseek_quantize(w, 128, 128, torch.float8_e4m3fn)
         expected = block_gemm_reference(xq, sx, wq, sw, 1, 128, 128)
     else:
-        from torchao.prototype.mx_formats.config import ScaleCalculationMode
-        from torchao.prototype.mx_formats.mx_tensor import to_mx
-        sx, xq = to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
-        sw, wq = to_mx(w, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
+        sx, xq = torchao_reference.to_mx(x, torch.float8_e4m3fn, 32, "rceil")
+        sw, wq = torchao_reference.to_mx(w, torch.float8_e4m3fn, 32, "rceil")
         expected = block_gemm_reference(xq, sx.reshape(24, 8), wq, sw.reshape(136, 8), 1, 1, 32)
     assert torch.equal(out, expected)
 
