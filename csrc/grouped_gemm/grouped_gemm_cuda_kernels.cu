@@ -68,7 +68,7 @@ Fp8GemmArgs wgrad_group_args(const Fp8GroupedGemmWgradArgs& g, int64_t group, in
 }  // namespace
 
 std::vector<int32_t> read_group_offsets(const int32_t* offs, int64_t groups, cudaStream_t stream) {
-  std::vector<int32_t> host(size_t(groups));
+  std::vector<int32_t> host(static_cast<size_t>(groups), 0);
   FP8MP_CUDA_CHECK(cudaMemcpyAsync(host.data(), offs, size_t(groups) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   FP8MP_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
