@@ -83,4 +83,11 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   m.def(
       "fp8_grouped_gemm_wgrad(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, "
       "ScalarType out_dtype, bool use_fast_accum=False) -> Tensor");
+  // Grouped along M with block scales (the fine-grained recipes): a [M, K] in 1 x block_k blocks, a_scale_inv
+  // [M, ceil(K / block_k)]; b [G, N, K], b_scale_inv [G, ceil(N / b_block_rows), ceil(K / block_k)]; group g's rows
+  // of out = block_scaled_gemm(a's rows of g, their scales, b[g], b_scale_inv[g], 1, b_block_rows, block_k,
+  // bias[g]), bit for bit on CPU; on CUDA the recipes CUDA block_scaled_gemm takes.
+  m.def(
+      "block_scaled_grouped_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, "
+      "int a_block_rows, int b_block_rows, int block_k, Tensor? bias, ScalarType out_dtype) -> Tensor");
 }

@@ -26,6 +26,15 @@ GroupedGemmFormats check_fp8_grouped_gemm_wgrad_args(const Tensor& a, const Tens
                                                      const Tensor& b_scale_inv, const Tensor& offs,
                                                      ScalarType out_dtype);
 
+// block_scaled_grouped_gemm: as fp8_grouped_gemm's, with block scales instead of tensorwise ones: a_block_rows
+// must be 1 (a 1 x block_k block never spans two groups), b_block_rows and block_k >= 1; a_scale_inv
+// [M, ceil(K / block_k)] and b_scale_inv [G, ceil(N / b_block_rows), ceil(K / block_k)], each float32 or
+// float8_e8m0fnu, on a's device.
+GroupedGemmFormats check_block_scaled_grouped_gemm_args(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                                                        const Tensor& b_scale_inv, const Tensor& offs,
+                                                        int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
+                                                        const std::optional<Tensor>& bias, ScalarType out_dtype);
+
 // The values of offs (host memory, `groups` of them): non-decreasing, >= 0, the last equal to `total` (the rows of
 // a for fp8_grouped_gemm, its columns for the wgrad). ValueError naming 'offs' otherwise.
 void check_group_offsets(const int32_t* offs, int64_t groups, int64_t total, const char* total_name, const char* op);

@@ -56,11 +56,38 @@ Tensor fp8_grouped_gemm_wgrad_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor
   return out;
 }
 
+cpu::BlockOperand block_operand(const Tensor& data, Fp8Format format, const Tensor& scale_inv, int64_t block_rows) {
+  const auto type = scale_inv.scalar_type() == kFloat ? cpu::BlockScaleType::Fp32 : cpu::BlockScaleType::E8m0;
+  return {codes(data), format, scale_inv.const_data_ptr(), type, block_rows};
+}
+
+Tensor block_scaled_grouped_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+                                     int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
+                                     std::optional<Tensor> bias, ScalarType out_dtype) {
+  constexpr const char* op = "fp8mp::block_scaled_grouped_gemm";
+  const GroupedGemmFormats formats = check_block_scaled_grouped_gemm_args(
+      a, a_scale_inv, b, b_scale_inv, offs, a_block_rows, b_block_rows, block_k, bias, out_dtype);
+  const Tensor offs_c = as_contiguous(offs);
+  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
+  const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
+  check_group_offsets(offs_p, G, M, "a.size(0)", op);
+  Tensor out = empty_on({M, N}, out_dtype, a);
+  const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
+  const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
+  const std::optional<Tensor> bias_c = bias.has_value() ? std::optional<Tensor>(as_contiguous(*bias)) : std::nullopt;
+  cpu::block_scaled_grouped_gemm(block_operand(ac, formats.a, sa, a_block_rows),
+                                 block_operand(bc, formats.b, sb, b_block_rows), offs_p, G, N, K, block_k,
+                                 bias_c.has_value() ? bias_c->const_data_ptr() : nullptr, out.mutable_data_ptr(),
+                                 hp_type(out_dtype), fp32_gemm_nt, stable_parallel_for);
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CPU, m) {
   m.impl("fp8_grouped_gemm", TORCH_BOX(&fp8_grouped_gemm_cpu));
   m.impl("fp8_grouped_gemm_wgrad", TORCH_BOX(&fp8_grouped_gemm_wgrad_cpu));
+  m.impl("block_scaled_grouped_gemm", TORCH_BOX(&block_scaled_grouped_gemm_cpu));
 }
 
 }  // namespace fp8mp

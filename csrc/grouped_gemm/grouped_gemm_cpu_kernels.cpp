@@ -66,4 +66,28 @@ void fp8_grouped_gemm_wgrad(const uint8_t* a, Fp8Format a_format, const uint8_t*
   }
 }
 
+void block_scaled_grouped_gemm(const BlockOperand& a, const BlockOperand& b, const int32_t* offs, int64_t groups,
+                               int64_t N, int64_t K, int64_t block_k, const void* bias, void* out, HpType out_type,
+                               const BatchedMatmulNtFp32& matmul, ParallelFor parallel_for) {
+  const size_t scale_bytes_a = a.scale_type == BlockScaleType::Fp32 ? 4 : 1;
+  const size_t scale_bytes_b = b.scale_type == BlockScaleType::Fp32 ? 4 : 1;
+  const int64_t chunks = (K + block_k - 1) / block_k, b_row_blocks = (N + b.block_rows - 1) / b.block_rows;
+  const size_t out_row_bytes = size_t(N) * element_size(out_type);
+  int64_t start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t end = offs[g];
+    if (end > start) {
+      BlockOperand a_group = a, b_group = b;
+      a_group.data = a.data + start * K;
+      a_group.scale_inv = static_cast<const uint8_t*>(a.scale_inv) + size_t(start * chunks) * scale_bytes_a;
+      b_group.data = b.data + g * N * K;
+      b_group.scale_inv = static_cast<const uint8_t*>(b.scale_inv) + size_t(g * b_row_blocks * chunks) * scale_bytes_b;
+      const void* group_bias = bias == nullptr ? nullptr : static_cast<const uint8_t*>(bias) + g * out_row_bytes;
+      block_scaled_gemm(a_group, b_group, end - start, N, K, block_k, group_bias,
+                        static_cast<uint8_t*>(out) + start * out_row_bytes, out_type, matmul, parallel_for);
+    }
+    start = end;
+  }
+}
+
 }  // namespace fp8mp::cpu

@@ -8,6 +8,7 @@
 #include "common/cpu_parallel.h"
 #include "common/fp8_format.h"
 #include "common/half_types.h"
+#include "blockwise/blockwise_cpu_kernels.h"
 #include "gemm/gemm_cpu_kernels.h"
 
 namespace fp8mp::cpu {
@@ -29,5 +30,12 @@ void fp8_grouped_gemm_wgrad(const uint8_t* a, Fp8Format a_format, const uint8_t*
                             const int32_t* offs, int64_t groups, int64_t N, int64_t K, int64_t T, float scale,
                             void* out, HpType out_type, const MatmulNtFp32& matmul, ParallelFor parallel_for,
                             int threads);
+
+// Grouped along M with block scales: group g's rows of out = block_scaled_gemm(a's rows of g with their rows of
+// a's scale_inv, b[g] with its [ceil(N / b.block_rows), ceil(K / block_k)] scale_inv, bias + g * N), bit for bit
+// (blockwise_cpu_kernels.h). a.block_rows is 1; `a` and `b` describe the whole a [M, K] and the first group's b.
+void block_scaled_grouped_gemm(const BlockOperand& a, const BlockOperand& b, const int32_t* offs, int64_t groups,
+                               int64_t N, int64_t K, int64_t block_k, const void* bias, void* out, HpType out_type,
+                               const BatchedMatmulNtFp32& matmul, ParallelFor parallel_for);
 
 }  // namespace fp8mp::cpu

@@ -68,11 +68,50 @@ Tensor fp8_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tenso
   return out;
 }
 
+Tensor block_scaled_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+                                      int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
+                                      std::optional<Tensor> bias, ScalarType out_dtype) {
+  constexpr const char* op = "fp8mp::block_scaled_grouped_gemm";
+  const GroupedGemmFormats formats = check_block_scaled_grouped_gemm_args(
+      a, a_scale_inv, b, b_scale_inv, offs, a_block_rows, b_block_rows, block_k, bias, out_dtype);
+  const bool a_e8m0 = a_scale_inv.scalar_type() != kFloat, b_e8m0 = b_scale_inv.scalar_type() != kFloat;
+  const cuda::BlockGemmPlanChoice choice =
+      cuda::block_gemm_recipe(a.size(1), a_block_rows, b_block_rows, block_k, a_e8m0, b_e8m0);
+  FP8MP_CHECK(choice.why_not.empty(), choice.why_not);
+  const auto guard = guard_device_of(a);
+  const cudaStream_t stream = current_cuda_stream(a);
+  const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
+  const Tensor offs_c = as_contiguous(offs);
+  const std::vector<int32_t> host_offs =
+      cuda::read_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), G, stream);
+  check_group_offsets(host_offs.data(), G, M, "a.size(0)", op);
+  const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
+  const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
+  const std::optional<Tensor> bias_c = bias.has_value() ? std::optional<Tensor>(as_contiguous(*bias)) : std::nullopt;
+  Tensor out = empty_on({M, N}, out_dtype, a);
+  const cuda::BlockScaledGroupedGemmArgs args{
+      choice.recipe,
+      cuda::BlockGemmOperand{codes(ac), formats.a, sa.const_data_ptr(), M, a_block_rows, choice.a_layout},
+      cuda::BlockGemmOperand{codes(bc), formats.b, sb.const_data_ptr(), N, b_block_rows, choice.b_layout},
+      host_offs.data(),
+      G,
+      N,
+      K,
+      block_k,
+      bias_c.has_value() ? bias_c->const_data_ptr() : nullptr,
+      out.mutable_data_ptr(),
+      hp_type(out_dtype)};
+  Tensor scratch = empty_on({int64_t(cuda::block_scaled_grouped_gemm_scratch_bytes(args))}, kByte, a);
+  cuda::block_scaled_grouped_gemm(cuda::blaslt_handle_for_current_device(), args, scratch.mutable_data_ptr(), stream);
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
   m.impl("fp8_grouped_gemm", TORCH_BOX(&fp8_grouped_gemm_cuda));
   m.impl("fp8_grouped_gemm_wgrad", TORCH_BOX(&fp8_grouped_gemm_wgrad_cuda));
+  m.impl("block_scaled_grouped_gemm", TORCH_BOX(&block_scaled_grouped_gemm_cuda));
 }
 
 }  // namespace fp8mp

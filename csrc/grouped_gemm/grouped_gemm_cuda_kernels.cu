@@ -65,6 +65,24 @@ Fp8GemmArgs wgrad_group_args(const Fp8GroupedGemmWgradArgs& g, int64_t group, in
                      g.use_fast_accum};
 }
 
+// Group g's block_scaled_gemm, rows [start, end).
+BlockGemmArgs block_group_args(const BlockScaledGroupedGemmArgs& g, int64_t group, int64_t start, int64_t end) {
+  const int64_t chunks = (g.K + g.block_k - 1) / g.block_k, b_row_blocks = (g.N + g.b.block_rows - 1) / g.b.block_rows;
+  // Every recipe has fp32 scales on both operands but MXFP8's, E8M0 bytes on both (block_gemm_recipe).
+  const size_t scale_bytes = g.recipe == BlockGemmRecipe::Mxfp8 ? 1 : 4;
+  const size_t out_row_bytes = size_t(g.N) * element_size(g.out_type);
+  BlockGemmOperand a = g.a, b = g.b;
+  a.data = g.a.data + start * g.K;
+  a.scale_inv = static_cast<const uint8_t*>(g.a.scale_inv) + size_t(start * chunks) * scale_bytes;
+  a.rows = end - start;
+  b.data = g.b.data + group * g.N * g.K;
+  b.scale_inv = static_cast<const uint8_t*>(g.b.scale_inv) + size_t(group * b_row_blocks * chunks) * scale_bytes;
+  b.rows = g.N;
+  return BlockGemmArgs{g.recipe, a, b, g.K, g.block_k,
+                       g.bias == nullptr ? nullptr : static_cast<const uint8_t*>(g.bias) + group * out_row_bytes,
+                       static_cast<uint8_t*>(g.out) + start * out_row_bytes, g.out_type};
+}
+
 }  // namespace
 
 std::vector<int32_t> read_group_offsets(const int32_t* offs, int64_t groups, cudaStream_t stream) {
@@ -122,6 +140,27 @@ void fp8_grouped_gemm_wgrad(cublasLtHandle_t handle, const Fp8GroupedGemmWgradAr
     }
     // An empty group is fp8_gemm's K == 0 case: zeros.
     fp8_gemm(handle, wgrad_group_args(args, g, cols, a_group, b_group), gemm_scratch, stream);
+    start = args.offs[g];
+  }
+}
+
+size_t block_scaled_grouped_gemm_scratch_bytes(const BlockScaledGroupedGemmArgs& args) {
+  size_t bytes = 0;
+  int64_t start = 0;
+  for (int64_t g = 0; g < args.groups; ++g) {
+    if (args.offs[g] > start) {
+      bytes = std::max(bytes, block_scaled_gemm_scratch_bytes(block_group_args(args, g, start, args.offs[g])));
+    }
+    start = args.offs[g];
+  }
+  return bytes;
+}
+
+void block_scaled_grouped_gemm(cublasLtHandle_t handle, const BlockScaledGroupedGemmArgs& args, void* scratch,
+                               cudaStream_t stream) {
+  int64_t start = 0;
+  for (int64_t g = 0; g < args.groups; ++g) {
+    if (args.offs[g] > start) block_scaled_gemm(handle, block_group_args(args, g, start, args.offs[g]), scratch, stream);
     start = args.offs[g];
   }
 }

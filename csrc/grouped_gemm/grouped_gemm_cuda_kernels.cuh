@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "blockwise/block_gemm_cuda_kernels.cuh"
 #include "common/fp8_format.h"
 #include "common/half_types.h"
 
@@ -56,5 +57,23 @@ struct Fp8GroupedGemmWgradArgs {
 size_t fp8_grouped_gemm_wgrad_scratch_bytes(const Fp8GroupedGemmWgradArgs& args);
 void fp8_grouped_gemm_wgrad(cublasLtHandle_t handle, const Fp8GroupedGemmWgradArgs& args, void* scratch,
                             cudaStream_t stream);
+
+// Grouped along M with block scales, as the CPU's block_scaled_grouped_gemm: one block_scaled_gemm
+// (blockwise/block_gemm_cuda_kernels.cuh, the recipe `recipe`) per non-empty group. `a` is the whole a [M, K]
+// (block_rows 1, naive scale_inv [M, ceil(K / block_k)]), `b` the first group's [N, K] and its scales, the
+// groups' matrices and scales following each other.
+struct BlockScaledGroupedGemmArgs {
+  BlockGemmRecipe recipe;
+  BlockGemmOperand a, b;
+  const int32_t* offs;  // host
+  int64_t groups, N, K, block_k;
+  const void* bias;  // [groups, N] of out_type, or nullptr
+  void* out;
+  HpType out_type;
+};
+
+size_t block_scaled_grouped_gemm_scratch_bytes(const BlockScaledGroupedGemmArgs& args);
+void block_scaled_grouped_gemm(cublasLtHandle_t handle, const BlockScaledGroupedGemmArgs& args, void* scratch,
+                               cudaStream_t stream);
 
 }  // namespace fp8mp::cuda

@@ -26,13 +26,15 @@ import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
+from fp8mp.ops.blockwise import cuda_block_gemm_unsupported
 from fp8mp.ops.checks import _require, sizes
 from fp8mp.ops.errors import raising_value_errors
 
-__all__ = ["fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"]
+__all__ = ["fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "block_scaled_grouped_gemm"]
 
 _OP = "fp8mp::fp8_grouped_gemm"
 _WGRAD_OP = "fp8mp::fp8_grouped_gemm_wgrad"
+_BLOCK_OP = "fp8mp::block_scaled_grouped_gemm"
 
 
 def _check_operands(a, b, offs, out_dtype, op: str) -> None:
@@ -56,11 +58,8 @@ def _check_multiple_of_16(size, op: str, what: str) -> None:
     _require(size % 16 == 0, ValueError, f"{op}: {what} must be a multiple of 16 (cuBLASLt's FP8 alignment), got {size}")
 
 
-def check_fp8_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, bias, out_dtype) -> None:
-    """grouped_gemm_checks.cpp's check_fp8_grouped_gemm_args, for the fake kernel."""
-    op = _OP
-    _check_operands(a, b, offs, out_dtype, op)
-    checks.check_scalar_tensor(a_scale_inv, a, op, "a_scale_inv")
+def _check_m_grouped_shapes(a, b, offs, bias, out_dtype, op: str) -> None:
+    """a [M, K], b [G, N, K] with G = offs.size(0), K and N multiples of 16, bias [G, N] (grouped_gemm_checks.cpp)."""
     _check_offs(offs, a, op)
     checks.check_high_precision_dtype(out_dtype, op, "out_dtype")
     _require(a.dim() == 2, ValueError, f"{op}: argument 'a' must be 2-D [M, K], got shape {sizes(a)}")
@@ -73,13 +72,6 @@ def check_fp8_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, bias, out_
              f"got shape {sizes(b)}")
     _check_multiple_of_16(a.shape[1], op, "K = a.size(1)")
     _check_multiple_of_16(b.shape[1], op, "N = b.size(1)")
-    _require(b_scale_inv.dtype == torch.float32, RuntimeError,
-             f"{op}: argument 'b_scale_inv' must be a float32 tensor, got dtype {checks.dtype_name(b_scale_inv.dtype)}")
-    _require(b_scale_inv.device == a.device, RuntimeError,
-             f"{op}: argument 'b_scale_inv' must be on the input's device {a.device}, got {b_scale_inv.device}")
-    _require(b_scale_inv.dim() == 1 and b_scale_inv.shape[0] == groups, ValueError,
-             f"{op}: argument 'b_scale_inv' must be [G] = [{groups}] (one scale per group's matrix), "
-             f"got shape {sizes(b_scale_inv)}")
     if bias is not None:
         _require(bias.dtype == out_dtype, RuntimeError,
                  f"{op}: argument 'bias' must have dtype out_dtype = {checks.dtype_name(out_dtype)}, "
@@ -88,6 +80,48 @@ def check_fp8_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, bias, out_
                  f"{op}: argument 'bias' must be on the input's device {a.device}, got {bias.device}")
         _require(bias.dim() == 2 and bias.shape[0] == groups and bias.shape[1] == b.shape[1], ValueError,
                  f"{op}: argument 'bias' must have shape [G, N] = [{groups}, {b.shape[1]}], got shape {sizes(bias)}")
+
+
+def check_fp8_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, bias, out_dtype) -> None:
+    """grouped_gemm_checks.cpp's check_fp8_grouped_gemm_args, for the fake kernel."""
+    op = _OP
+    _check_operands(a, b, offs, out_dtype, op)
+    checks.check_scalar_tensor(a_scale_inv, a, op, "a_scale_inv")
+    _check_m_grouped_shapes(a, b, offs, bias, out_dtype, op)
+    groups = offs.shape[0]
+    _require(b_scale_inv.dtype == torch.float32, RuntimeError,
+             f"{op}: argument 'b_scale_inv' must be a float32 tensor, got dtype {checks.dtype_name(b_scale_inv.dtype)}")
+    _require(b_scale_inv.device == a.device, RuntimeError,
+             f"{op}: argument 'b_scale_inv' must be on the input's device {a.device}, got {b_scale_inv.device}")
+    _require(b_scale_inv.dim() == 1 and b_scale_inv.shape[0] == groups, ValueError,
+             f"{op}: argument 'b_scale_inv' must be [G] = [{groups}] (one scale per group's matrix), "
+             f"got shape {sizes(b_scale_inv)}")
+
+
+def _check_block_scale_tensor(scale_inv, a, expected: tuple, what: str, op: str, arg: str) -> None:
+    _require(scale_inv.dtype in (torch.float32, torch.float8_e8m0fnu), RuntimeError,
+             f"{op}: argument '{arg}' must be float32 or float8_e8m0fnu, got {checks.dtype_name(scale_inv.dtype)}")
+    _require(scale_inv.device == a.device, RuntimeError,
+             f"{op}: argument '{arg}' must be on the input's device {a.device}, got {scale_inv.device}")
+    _require(tuple(scale_inv.shape) == expected, ValueError,
+             f"{op}: argument '{arg}' must have shape [{', '.join(map(str, expected))}] ({what}), "
+             f"got shape {sizes(scale_inv)}")
+
+
+def check_block_scaled_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, a_block_rows: int, b_block_rows: int,
+                                         block_k: int, bias, out_dtype) -> None:
+    """grouped_gemm_checks.cpp's check_block_scaled_grouped_gemm_args, for the fake kernel."""
+    op = _BLOCK_OP
+    _check_operands(a, b, offs, out_dtype, op)
+    _check_m_grouped_shapes(a, b, offs, bias, out_dtype, op)
+    _require(a_block_rows == 1, ValueError, f"{op}: argument 'a_block_rows' must be 1 (1 x block_k blocks, so that no "
+             f"block of a spans two groups), got {a_block_rows}")
+    _require(b_block_rows >= 1, ValueError, f"{op}: argument 'b_block_rows' must be >= 1, got {b_block_rows}")
+    _require(block_k >= 1, ValueError, f"{op}: argument 'block_k' must be >= 1, got {block_k}")
+    chunks = -(-a.shape[1] // block_k)
+    _check_block_scale_tensor(a_scale_inv, a, (a.shape[0], chunks), "one scale per row and K block", op, "a_scale_inv")
+    _check_block_scale_tensor(b_scale_inv, a, (b.shape[0], -(-b.shape[1] // b_block_rows), chunks),
+                              "one scale per group, b_block_rows x block_k block", op, "b_scale_inv")
 
 
 def check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_dtype) -> None:
@@ -117,6 +151,19 @@ def _fp8_grouped_gemm_fake(a, a_scale_inv, b, b_scale_inv, offs, bias, out_dtype
 def _fp8_grouped_gemm_wgrad_fake(a, a_scale_inv, b, b_scale_inv, offs, out_dtype, use_fast_accum=False):
     check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_dtype)
     return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.register_fake(_BLOCK_OP)
+def _block_scaled_grouped_gemm_fake(a, a_scale_inv, b, b_scale_inv, offs, a_block_rows, b_block_rows, block_k, bias,
+                                    out_dtype):
+    check_block_scaled_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, a_block_rows, b_block_rows, block_k,
+                                         bias, out_dtype)
+    if a.is_cuda:  # the recipes CUDA's block_scaled_gemm runs, refused as the kernel refuses them
+        why_not = cuda_block_gemm_unsupported(a.shape[1], a_block_rows, b_block_rows, block_k,
+                                              a_scale_inv.dtype == torch.float8_e8m0fnu,
+                                              b_scale_inv.dtype == torch.float8_e8m0fnu)
+        _require(why_not is None, RuntimeError, why_not or "")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
 @raising_value_errors
@@ -177,3 +224,39 @@ def fp8_grouped_gemm_wgrad(
         b[:, cols].contiguous(), b_scale_inv)`` on CPU; zeros for an empty group. N and K must be multiples of 16.
     """
     return torch.ops.fp8mp.fp8_grouped_gemm_wgrad(a, a_scale_inv, b, b_scale_inv, offs, out_dtype, use_fast_accum)
+
+
+@raising_value_errors
+def block_scaled_grouped_gemm(
+    a: torch.Tensor,
+    a_scale_inv: torch.Tensor,
+    b: torch.Tensor,
+    b_scale_inv: torch.Tensor,
+    offs: torch.Tensor,
+    b_block_rows: int,
+    block_k: int,
+    bias: Optional[torch.Tensor] = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """FP8 GEMM grouped along M under the fine-grained recipes (fp8mp.ops.block_scaled_gemm per group).
+
+    Args:
+        a: [M, K] float8, rows sorted by group, quantized in 1 x block_k blocks (block_quantize(x, 1, block_k)).
+        a_scale_inv: [M, ceil(K / block_k)] float32 or float8_e8m0fnu.
+        b: [G, N, K] float8, each group's matrix quantized in b_block_rows x block_k blocks.
+        b_scale_inv: [G, ceil(N / b_block_rows), ceil(K / block_k)] float32 or float8_e8m0fnu: group g's
+            block_quantize(w[g], b_block_rows, block_k) scales, stacked.
+        offs: [G] int32 cumulative ends of the groups (non-decreasing, offs[-1] == M).
+        b_block_rows, block_k: the recipe's blocks: rowwise 1 and K (or more), DeepSeek-V3 128 and 128,
+            MXFP8 1 and 32 (E8M0 scales).
+        bias: optional [G, N] of `out_dtype`.
+        out_dtype: torch.float32, torch.bfloat16 or torch.float16.
+
+    Returns:
+        [M, N]; group g's rows bit for bit ``block_scaled_gemm(a[rows], a_scale_inv[rows], b[g], b_scale_inv[g], 1,
+        b_block_rows, block_k, bias[g], out_dtype)`` on CPU. On CUDA, one cuBLASLt block-scaled GEMM per group
+        for the recipes :func:`fp8mp.ops.block_scaled_gemm` runs there (compiled, not yet run on a GPU). K and N
+        must be multiples of 16.
+    """
+    return torch.ops.fp8mp.block_scaled_grouped_gemm(a, a_scale_inv, b, b_scale_inv, offs, 1, b_block_rows, block_k,
+                                                     bias, out_dtype)

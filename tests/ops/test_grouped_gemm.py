@@ -180,3 +180,65 @@ def test_wgrad_bad_arguments_name_the_argument(case, error, words):
 
 def test_exported_from_fp8mp_ops():
     assert fp8mp.ops.fp8_grouped_gemm is fp8_grouped_gemm and fp8mp.ops.fp8_grouped_gemm_wgrad is fp8_grouped_gemm_wgrad
+
+
+# ---------------------------------------------------------------- fine-grained recipes
+
+# name -> (b_block_rows, block_k, scale_mode): rowwise, DeepSeek-V3 (1 x 128 activations, 128 x 128 weights), MXFP8.
+RECIPES = {"rowwise": (1, None, "pow2"), "deepseek_v3": (128, 128, "fp32"), "mxfp8": (1, 32, "e8m0_rceil")}
+
+
+def block_dequantized(data, scale_inv, block_rows, block_k):
+    """float64 values of a block-quantized [R, K] operand (its scales expanded over their blocks)."""
+    from blockwise_reference import decode_scale
+    rows, cols = data.shape
+    s = decode_scale(scale_inv).double().repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_k, 1)[:, :cols]
+    return data.float().double() * s
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES), ids=str)
+@pytest.mark.parametrize("grouping", ["with_empty_groups", "one_group_all", "top8_e64"], ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_block_scaled_each_group_is_block_scaled_gemm_on_that_group_and_within_the_fp64_bound(recipe, grouping,
+                                                                                              out_dtype, with_bias):
+    from fp8mp.ops import block_quantize, block_scaled_gemm, block_scaled_grouped_gemm
+    counts = GROUPINGS[grouping]
+    b_block_rows, block_k, mode = RECIPES[recipe]
+    G, M, N, K = len(counts), sum(counts), 144, 256
+    block_k = block_k or K
+    gen = torch.Generator().manual_seed(G)
+    x = torch.randn(M, K, generator=gen) * torch.logspace(-3, 3, M).view(M, 1)  # rows of very different ranges
+    w = torch.randn(G, N, K, generator=gen) * 0.02
+    a, sa = block_quantize(x, 1, block_k, "e4m3", mode)
+    quantized = [block_quantize(w[g], b_block_rows, block_k, "e4m3", mode) for g in range(G)]
+    b, sb = torch.stack([q[0] for q in quantized]), torch.stack([q[1] for q in quantized])
+    bias = (torch.randn(G, N, generator=gen)).to(out_dtype) if with_bias else None
+    out = block_scaled_grouped_gemm(a, sa, b, sb, offsets(counts), b_block_rows, block_k, bias, out_dtype)
+    for g, (s, e) in enumerate(group_ranges(counts)):
+        group_bias = bias[g] if with_bias else None
+        alone = block_scaled_gemm(a[s:e], sa[s:e], b[g], sb[g], 1, b_block_rows, block_k, group_bias, out_dtype)
+        assert torch.equal(out[s:e].view(torch.uint8), alone.view(torch.uint8)), f"group {g} differs"
+        a64, b64 = block_dequantized(a[s:e], sa[s:e], 1, block_k), block_dequantized(b[g], sb[g], b_block_rows, block_k)
+        ref64, abs_sum = a64 @ b64.t(), a64.abs() @ b64.abs().t()
+        if with_bias:
+            ref64, abs_sum = ref64 + group_bias.double(), abs_sum + group_bias.double().abs()
+        assert_close_to_reference(out[s:e], ref64, abs_sum, out_dtype)
+
+
+def test_block_scaled_opcheck_and_errors():
+    from fp8mp.ops import block_quantize, block_scaled_grouped_gemm
+    counts = [3, 0, 5]
+    a, sa = block_quantize(torch.randn(8, 64), 1, 32, "e4m3", "e8m0_rceil")
+    b, sb = block_quantize(torch.randn(3 * 16, 64), 1, 32, "e4m3", "e8m0_rceil")
+    b, sb = b.view(3, 16, 64), sb.view(3, 16, 2)
+    opcheck_fp8_aware(torch.ops.fp8mp.block_scaled_grouped_gemm.default,
+                      (a, sa, b, sb, offsets(counts), 1, 1, 32, None, torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"\[ValueError\] .*'a_block_rows' must be 1"):  # the raw op: tagged
+        torch.ops.fp8mp.block_scaled_grouped_gemm(a, sa, b, sb, offsets(counts), 2, 1, 32, None, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"'b_scale_inv' must have shape \[3, 16, 2\]"):
+        block_scaled_grouped_gemm(a, sa, b, sb[:, :8], offsets(counts), 1, 32)
+    with pytest.raises(ValueError, match=r"'a_scale_inv' must have shape \[8, 2\]"):
+        block_scaled_grouped_gemm(a, sa[:, :1], b, sb, offsets(counts), 1, 32)
+    with pytest.raises(ValueError, match="'offs' must end at a.size"):
+        block_scaled_grouped_gemm(a, sa, b, sb, offsets([3, 0, 4]), 1, 32)
