@@ -1,6 +1,6 @@
-// CPU glue of fp8_grouped_gemm and fp8_grouped_gemm_wgrad (stable ABI): argument checks (offs read on the
-// host), allocation and registration around grouped_gemm_cpu_kernels.cpp, with the fp32 GEMM fp8_gemm's fp32
-// path runs on (torch_fp32_matmul.h).
+// CPU glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad and block_scaled_grouped_gemm (stable ABI): argument
+// checks (offs read on the host), allocation and registration around grouped_gemm_cpu_kernels.cpp, with the fp32
+// GEMM fp8_gemm's fp32 path runs on (torch_fp32_matmul.h).
 #include <optional>
 
 #include "common/stable.h"
@@ -17,16 +17,22 @@ void matmul_nt_fp32(const float* a, const float* b, float* c, int64_t rows, int6
 
 const uint8_t* codes(const Tensor& t) { return static_cast<const uint8_t*>(t.const_data_ptr()); }
 
+// offs contiguous, its values checked against `total`; the tensor returned keeps them alive for the kernel.
+Tensor checked_offsets(const Tensor& offs, int64_t total, const char* total_name, const char* op) {
+  Tensor offs_c = as_contiguous(offs);
+  check_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), offs.size(0), total, total_name, op);
+  return offs_c;
+}
+
 Tensor fp8_grouped_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                             std::optional<Tensor> bias, ScalarType out_dtype, bool use_fast_accum) {
   (void)use_fast_accum;  // a Hopper tensor-core setting; nothing to emulate on CPU (as fp8_gemm)
   constexpr const char* op = "fp8mp::fp8_grouped_gemm";
   const GroupedGemmFormats formats =
       check_fp8_grouped_gemm_args(a, a_scale_inv, b, b_scale_inv, offs, bias, out_dtype);
-  const Tensor offs_c = as_contiguous(offs);
-  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
-  check_group_offsets(offs_p, G, M, "a.size(0)", op);
+  const Tensor offs_c = checked_offsets(offs, M, "a.size(0)", op);
+  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   Tensor out = empty_on({M, N}, out_dtype, a);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b), sb = as_contiguous(b_scale_inv);
   const std::optional<Tensor> bias_c = bias.has_value() ? std::optional<Tensor>(as_contiguous(*bias)) : std::nullopt;
@@ -43,10 +49,9 @@ Tensor fp8_grouped_gemm_wgrad_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor
   (void)use_fast_accum;
   constexpr const char* op = "fp8mp::fp8_grouped_gemm_wgrad";
   const GroupedGemmFormats formats = check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_dtype);
-  const Tensor offs_c = as_contiguous(offs);
-  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   const int64_t N = a.size(0), T = a.size(1), K = b.size(0), G = offs.size(0);
-  check_group_offsets(offs_p, G, T, "a.size(1)", op);
+  const Tensor offs_c = checked_offsets(offs, T, "a.size(1)", op);
+  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   Tensor out = empty_on({G, N, K}, out_dtype, a);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
   const float scale = cpu_scalar(a_scale_inv) * cpu_scalar(b_scale_inv);
@@ -67,10 +72,9 @@ Tensor block_scaled_grouped_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Ten
   constexpr const char* op = "fp8mp::block_scaled_grouped_gemm";
   const GroupedGemmFormats formats = check_block_scaled_grouped_gemm_args(
       a, a_scale_inv, b, b_scale_inv, offs, a_block_rows, b_block_rows, block_k, bias, out_dtype);
-  const Tensor offs_c = as_contiguous(offs);
-  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
-  check_group_offsets(offs_p, G, M, "a.size(0)", op);
+  const Tensor offs_c = checked_offsets(offs, M, "a.size(0)", op);
+  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   Tensor out = empty_on({M, N}, out_dtype, a);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
   const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);

@@ -1,5 +1,6 @@
-// CUDA glue of fp8_grouped_gemm and fp8_grouped_gemm_wgrad (stable ABI): argument checks (offs read back to the
-// host and checked there), device guard, output and scratch allocations on the current stream, registration.
+// CUDA glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad and block_scaled_grouped_gemm (stable ABI): argument
+// checks (offs read back to the host and checked there), device guard, output and scratch allocations on the
+// current stream, registration.
 #include <optional>
 
 #include "common/stable_cuda.h"
@@ -13,6 +14,16 @@ namespace {
 const uint8_t* codes(const Tensor& t) { return static_cast<const uint8_t*>(t.const_data_ptr()); }
 const float* floats(const Tensor& t) { return static_cast<const float*>(t.const_data_ptr()); }
 
+// offs read back to the host (the per-group launches need the group sizes there) and checked against `total`.
+std::vector<int32_t> checked_host_offsets(const Tensor& offs, int64_t total, const char* total_name, const char* op,
+                                          cudaStream_t stream) {
+  const Tensor offs_c = as_contiguous(offs);
+  std::vector<int32_t> host =
+      cuda::read_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), offs.size(0), stream);
+  check_group_offsets(host.data(), offs.size(0), total, total_name, op);
+  return host;
+}
+
 Tensor fp8_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                              std::optional<Tensor> bias, ScalarType out_dtype, bool use_fast_accum) {
   constexpr const char* op = "fp8mp::fp8_grouped_gemm";
@@ -21,10 +32,7 @@ Tensor fp8_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_sc
   const auto guard = guard_device_of(a);
   const cudaStream_t stream = current_cuda_stream(a);
   const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
-  const Tensor offs_c = as_contiguous(offs);
-  const std::vector<int32_t> host_offs =
-      cuda::read_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), G, stream);
-  check_group_offsets(host_offs.data(), G, M, "a.size(0)", op);
+  const std::vector<int32_t> host_offs = checked_host_offsets(offs, M, "a.size(0)", op, stream);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b), sb = as_contiguous(b_scale_inv);
   const std::optional<Tensor> bias_c = bias.has_value() ? std::optional<Tensor>(as_contiguous(*bias)) : std::nullopt;
   Tensor out = empty_on({M, N}, out_dtype, a);
@@ -54,10 +62,7 @@ Tensor fp8_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tenso
   const auto guard = guard_device_of(a);
   const cudaStream_t stream = current_cuda_stream(a);
   const int64_t N = a.size(0), T = a.size(1), K = b.size(0), G = offs.size(0);
-  const Tensor offs_c = as_contiguous(offs);
-  const std::vector<int32_t> host_offs =
-      cuda::read_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), G, stream);
-  check_group_offsets(host_offs.data(), G, T, "a.size(1)", op);
+  const std::vector<int32_t> host_offs = checked_host_offsets(offs, T, "a.size(1)", op, stream);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
   Tensor out = empty_on({G, N, K}, out_dtype, a);
   const cuda::Fp8GroupedGemmWgradArgs args{codes(ac), formats.a, codes(bc), formats.b, host_offs.data(),
@@ -81,10 +86,7 @@ Tensor block_scaled_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Te
   const auto guard = guard_device_of(a);
   const cudaStream_t stream = current_cuda_stream(a);
   const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
-  const Tensor offs_c = as_contiguous(offs);
-  const std::vector<int32_t> host_offs =
-      cuda::read_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), G, stream);
-  check_group_offsets(host_offs.data(), G, M, "a.size(0)", op);
+  const std::vector<int32_t> host_offs = checked_host_offsets(offs, M, "a.size(0)", op, stream);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
   const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
   const std::optional<Tensor> bias_c = bias.has_value() ? std::optional<Tensor>(as_contiguous(*bias)) : std::nullopt;
