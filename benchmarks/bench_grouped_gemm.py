@@ -2,7 +2,7 @@
 
     python benchmarks/bench_grouped_gemm.py                      # CUDA if available, else CPU
     python benchmarks/bench_grouped_gemm.py --device cpu --cases 2048x8x2x1024x512,512x64x8x1024x256
-    python benchmarks/bench_grouped_gemm.py --no-model-step
+    python benchmarks/bench_grouped_gemm.py --no-model-step --threads 1
 
 A case is TxExKxHxI: T tokens routed top-k among E experts (a fixed random routing, so some experts get more
 tokens than others, some maybe none), hidden size H and expert width I. Two GEMMs are timed for each case: the
@@ -132,7 +132,12 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if fp8mp.cuda_kernels_available() else "cpu")
     parser.add_argument("--cases", default=None, help="comma-separated TxExKxHxI (default depends on device)")
     parser.add_argument("--no-model-step", action="store_true", help="skip the Qwen3-MoE step")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for every peer (torch.set_num_threads); on a busy host 1 keeps the "
+                             "peers' parallel regions from waiting on descheduled threads")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.device == "cuda" and not fp8mp.cuda_kernels_available():
         parser.error("--device cuda needs a CUDA device and fp8mp built with its CUDA kernels")
     if args.device == "cpu":
