@@ -11,8 +11,8 @@
     model = AutoModelForCausalLM.from_pretrained(out)           # or a plain model (FP8 state unused)
 
 `prepare` converts the model in place (nn.Linear and GPT-2's Conv1D, except the output
-embedding; mixture-of-experts layers get the "fp8mp" experts implementation of hf_moe.py) and makes every forward of the model run inside `fp8mp.fp8_autocast`, so the
-Trainer's training and evaluation steps (and `generate`) run in FP8 with no other change. The
+embedding; mixture-of-experts layers get the "fp8mp" experts implementation of hf_moe.py) and
+makes every forward of the model run inside `fp8mp.fp8_autocast`, so the Trainer's training and evaluation steps (and `generate`) run in FP8 with no other change. The
 FP8 scaling state is a set of buffers in the state_dict, so `save_pretrained`, the Trainer's
 checkpoints and `resume_from_checkpoint` carry it as they carry the weights.
 
