@@ -12,8 +12,9 @@
 
 `prepare` converts the model in place (nn.Linear and GPT-2's Conv1D, except the output
 embedding; mixture-of-experts layers get the "fp8mp" experts implementation of hf_moe.py) and
-makes every forward of the model run inside `fp8mp.fp8_autocast`, so the Trainer's training and evaluation steps (and `generate`) run in FP8 with no other change. The
-FP8 scaling state is a set of buffers in the state_dict, so `save_pretrained`, the Trainer's
+makes every forward of the model run inside `fp8mp.fp8_autocast`, so the Trainer's training
+and evaluation steps (and `generate`) run in FP8 with no other change. The FP8 scaling state
+is a set of buffers in the state_dict, so `save_pretrained`, the Trainer's
 checkpoints and `resume_from_checkpoint` carry it as they carry the weights.
 
 transformers is imported only by `from_pretrained` (`pip install 'fp8mp[hf]'`).
