@@ -69,4 +69,25 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   m.def(
       "block_scaled_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, int a_block_rows, "
       "int b_block_rows, int block_k, Tensor? bias, ScalarType out_dtype) -> Tensor");
+
+  // Grouped FP8 GEMMs of mixture-of-experts layers (csrc/grouped_gemm/), tokens sorted by group and offs [G]
+  // int32 the groups' cumulative ends (torch._grouped_mm's layout), checked: non-decreasing, ending at the token
+  // count. Grouped along M: a [M, K], b [G, N, K], b_scale_inv [G] (one scale per group's matrix), bias [G, N];
+  // out [M, N], group g's rows = fp8_gemm(a's rows of g, a_scale_inv, b[g], b_scale_inv[g], bias[g]) bit for bit
+  // on CPU. K and N multiples of 16.
+  m.def(
+      "fp8_grouped_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, Tensor? bias, "
+      "ScalarType out_dtype, bool use_fast_accum=False) -> Tensor");
+  // Grouped along K (a grouped weight gradient): a [N, T], b [K, T], offs along T; out [G, N, K],
+  // out[g] = fp8_gemm(a[:, cols of g], a_scale_inv, b[:, cols of g], b_scale_inv) (zeros for an empty group).
+  m.def(
+      "fp8_grouped_gemm_wgrad(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, "
+      "ScalarType out_dtype, bool use_fast_accum=False) -> Tensor");
+  // Grouped along M with block scales (the fine-grained recipes): a [M, K] in 1 x block_k blocks, a_scale_inv
+  // [M, ceil(K / block_k)]; b [G, N, K], b_scale_inv [G, ceil(N / b_block_rows), ceil(K / block_k)]; group g's rows
+  // of out = block_scaled_gemm(a's rows of g, their scales, b[g], b_scale_inv[g], 1, b_block_rows, block_k,
+  // bias[g]), bit for bit on CPU; on CUDA the recipes CUDA block_scaled_gemm takes.
+  m.def(
+      "block_scaled_grouped_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, "
+      "int a_block_rows, int b_block_rows, int block_k, Tensor? bias, ScalarType out_dtype) -> Tensor");
 }

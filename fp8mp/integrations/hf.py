@@ -11,9 +11,10 @@
     model = AutoModelForCausalLM.from_pretrained(out)           # or a plain model (FP8 state unused)
 
 `prepare` converts the model in place (nn.Linear and GPT-2's Conv1D, except the output
-embedding) and makes every forward of the model run inside `fp8mp.fp8_autocast`, so the
-Trainer's training and evaluation steps (and `generate`) run in FP8 with no other change. The
-FP8 scaling state is a set of buffers in the state_dict, so `save_pretrained`, the Trainer's
+embedding; mixture-of-experts layers get the "fp8mp" experts implementation of hf_moe.py) and
+makes every forward of the model run inside `fp8mp.fp8_autocast`, so the Trainer's training
+and evaluation steps (and `generate`) run in FP8 with no other change. The FP8 scaling state
+is a set of buffers in the state_dict, so `save_pretrained`, the Trainer's
 checkpoints and `resume_from_checkpoint` carry it as they carry the weights.
 
 transformers is imported only by `from_pretrained` (`pip install 'fp8mp[hf]'`).
@@ -27,6 +28,7 @@ from collections.abc import Iterable
 
 import torch
 
+from fp8mp.integrations.hf_moe import register_if_transformers_imported, select_fp8_experts
 from fp8mp.nn.checkpoint import load_state_dict, split_fp8_state
 from fp8mp.nn.conversion import convert
 from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
@@ -34,6 +36,8 @@ from fp8mp.scaling.recipe import Recipe
 from fp8mp.training.trainer import name_under
 
 __all__ = ["prepare", "from_pretrained", "is_prepared"]
+
+register_if_transformers_imported()  # the "fp8mp" experts implementation (hf_moe.py), where transformers is loaded
 
 _ATTRIBUTE = "_fp8mp_forward"
 
@@ -97,6 +101,7 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
     keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
     convert(model, recipe=recipe, module_filter=lambda name, m: not any(name_under(name, p) for p in keep),
             convert_norms=convert_norms)
+    select_fp8_experts(model)
     hooks = Fp8Forward(recipe)
     model.register_forward_pre_hook(hooks.enter)
     model.register_forward_hook(hooks.leave, always_call=True)

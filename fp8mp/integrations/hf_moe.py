@@ -1,0 +1,115 @@
+"""transformers' mixture-of-experts layers in FP8: an "fp8mp" experts implementation.
+
+transformers 5 routes the experts of its MoE architectures (Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, OLMoE, ...)
+through one registry, ``transformers.integrations.moe.ExpertsInterface``; a model selects an entry with
+``model.set_experts_implementation(name)``. :func:`fp8_experts_forward` is registered there as ``"fp8mp"``: it
+runs transformers' own ``grouped_mm`` calling convention (tokens sorted by expert, int32 cumulative offsets, one
+grouped linear for gate_up and one for down) with fp8mp's FP8 grouped linear (fp8mp.nn.grouped_linear_function)
+in place of torch._grouped_mm. The expert weights stay the model's own 3-D parameters, so a checkpoint is the
+model's usual one. The experts class's flags are honoured: ``is_transposed`` (weights [E, in, out]),
+``has_bias`` (per-expert biases, added inside the GEMM's epilogue), ``has_gate`` (gate_up or up), and
+``is_concatenated`` / the gating through the class's own ``_apply_gate``; ``has_post_expert_norm`` too.
+
+Scaling: current scaling whatever fp8_autocast's recipe (one scale for the tokens, one per expert's weight, one
+for the gradient; E4M3 forward, E5M2 gradients). The FP8 path runs inside an enabled fp8_autocast (which
+fp8mp.integrations.hf.prepare puts around every forward); elsewhere, and for experts whose dimensions are not
+multiples of 16 (cuBLASLt's FP8 alignment) or that run expert-parallel (sentinel rows past the offsets),
+transformers' ``grouped_mm`` implementation runs instead, in the model's precision.
+
+Nothing here imports transformers at import time: :func:`register` does, and fp8mp.integrations.hf calls it
+only where transformers is already imported or when ``prepare`` meets a transformers model.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+from fp8mp.nn.grouped_linear_function import fp8_grouped_linear
+from fp8mp.scaling.autocast import is_fp8_enabled
+
+__all__ = ["EXPERTS_IMPLEMENTATION", "fp8_experts_forward", "register", "select_fp8_experts", "supports_experts_implementation"]
+
+EXPERTS_IMPLEMENTATION = "fp8mp"
+_ALIGN = 16
+
+
+def _grouped_linear(self, x, weight, bias, offs):
+    return fp8_grouped_linear(x, weight, offs, bias, weight_in_out=self.is_transposed)
+
+
+def _fp8_shapes(self) -> bool:
+    """Whether every expert GEMM of `self` has K and N multiples of 16."""
+    names = ("gate_up_proj", "down_proj") if self.has_gate else ("up_proj", "down_proj")
+    return all(getattr(self, name).shape[1] % _ALIGN == 0 and getattr(self, name).shape[2] % _ALIGN == 0
+               for name in names)
+
+
+def fp8_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts' forward of transformers' ``grouped_mm`` implementation with FP8 grouped GEMMs.
+
+    hidden_states [T, H], top_k_index / top_k_weights [T, k]; returns [T, H] in hidden_states' dtype.
+    """
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    if not is_fp8_enabled() or getattr(self, "_is_expert_parallel", False) or not _fp8_shapes(self):
+        if is_fp8_enabled() and not getattr(self, "_fp8mp_warned", False):
+            warnings.warn(f"fp8mp experts: {type(self).__name__} runs in high precision (expert parallel, or "
+                          "dimensions that are not multiples of 16)", stacklevel=2)
+            self._fp8mp_warned = True
+        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    num_tokens, hidden_dim = hidden_states.shape
+    num_top_k = top_k_index.size(-1)
+    expert_ids = top_k_index.reshape(-1)
+    # Tokens sorted by expert (a stable sort, so each expert's rows keep the token order), as grouped_mm's.
+    expert_ids_sorted, perm = torch.sort(expert_ids, stable=True)
+    x = hidden_states[perm // num_top_k]
+    offs = torch.bincount(expert_ids_sorted, minlength=self.num_experts).cumsum(0).to(torch.int32)
+
+    def bias(name):
+        return getattr(self, name) if self.has_bias else None
+
+    if self.has_gate:
+        proj = self._apply_gate(_grouped_linear(self, x, self.gate_up_proj, bias("gate_up_proj_bias"), offs))
+    else:
+        proj = self.act_fn(_grouped_linear(self, x, self.up_proj, bias("up_proj_bias"), offs))
+    proj = _grouped_linear(self, proj, self.down_proj, bias("down_proj_bias"), offs)
+    if getattr(self, "has_post_expert_norm", False):
+        proj = self.post_expert_norm(proj)
+    weighted = proj * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
+    # Back to token order, then the sum over each token's k experts in fp32 (as grouped_mm's).
+    out = torch.empty_like(weighted).index_copy_(0, perm, weighted)
+    return out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1, dtype=torch.float32).to(hidden_states.dtype)
+
+
+def register() -> None:
+    """Register "fp8mp" in transformers' ExpertsInterface (idempotent). Imports transformers."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(EXPERTS_IMPLEMENTATION, fp8_experts_forward)
+
+
+def register_if_transformers_imported() -> None:
+    """:func:`register` where the user's program has imported transformers already, else nothing."""
+    if "transformers" in sys.modules:
+        register()
+
+
+def supports_experts_implementation(model: torch.nn.Module) -> bool:
+    """Whether `model` is a transformers model with experts that take an experts implementation."""
+    can_set = getattr(type(model), "_can_set_experts_implementation", None)
+    if not callable(getattr(model, "set_experts_implementation", None)) or can_set is None:
+        return False
+    has_experts = any(hasattr(m, "is_concatenated") and hasattr(m, "has_gate") for m in model.modules())
+    return has_experts and bool(can_set())
+
+
+def select_fp8_experts(model: torch.nn.Module) -> bool:
+    """Register "fp8mp" and select it on `model` where its experts support implementations; whether it did."""
+    if not supports_experts_implementation(model):
+        return False
+    register()
+    model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    return True
