@@ -105,7 +105,7 @@ def _check_step_buffers(op, param, grad, states, step, found_inf) -> None:
             everything.append((scale, scale_name))
     for out, out_name in written:
         for other, other_name in everything:
-            if other is not out:
+            if other_name != out_name:  # argument by argument, as the C++ compares its arguments, not their storage
                 _require(not shares_memory(out, other), RuntimeError,
                          f"{op}: argument '{out_name}' is written in place and must not share memory with '{other_name}'")
 
