@@ -44,7 +44,11 @@ void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, i
       for (int k = 0; k < K; ++k) {
         const float multiplier = optim::block_encode_multiplier(amax[k]);
         auto* codes = static_cast<uint8_t*>(b.state[k]) + begin;
-        for (int64_t j = 0; j < count; ++j) codes[j] = encode<Fp8Format::E4M3>(updated[k][j] * multiplier);
+        for (int64_t j = 0; j < count; ++j) {
+          codes[j] = optim::e4m3_stochastic_code(updated[k][j] * multiplier,
+                                                 optim::random_bits(b.seed, t, uint32_t(k + 1), begin + j),
+                                                 Rule::sqrt_domain(k));
+        }
         b.state_scale[k][block] = optim::block_scale(amax[k]);
       }
     }

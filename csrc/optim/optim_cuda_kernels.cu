@@ -61,8 +61,9 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
         const float stored = valid ? optim::fp8_stored_value(s[k], Rule::sqrt_domain(k)) : 0.0f;
         const float amax = block_amax(fabsf(stored), shared);
         if (valid) {
-          static_cast<uint8_t*>(b.state[k])[i] =
-              encode<Fp8Format::E4M3>(__fmul_rn(stored, optim::block_encode_multiplier(amax)));
+          static_cast<uint8_t*>(b.state[k])[i] = optim::e4m3_stochastic_code(
+              __fmul_rn(stored, optim::block_encode_multiplier(amax)), optim::random_bits(b.seed, t, uint32_t(k + 1), i),
+              Rule::sqrt_domain(k));
         }
         if (threadIdx.x == 0) b.state_scale[k][block] = optim::block_scale(amax);
       } else if (valid) {

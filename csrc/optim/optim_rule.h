@@ -5,7 +5,7 @@
 //   * the per-step scalars (bias corrections) from the step count, in fp64 by exponentiation by squaring
 //     (no library pow, whose last bit differs between libm and CUDA);
 //   * the state encodings: float32, bfloat16 (stochastic rounding) or float8_e4m3fn with one fp32 scale per
-//     kStateBlock contiguous elements (absmax / 448, round to nearest even); a rule may keep a state in the
+//     kStateBlock contiguous elements (absmax / 448, stochastic rounding); a rule may keep a state in the
 //     square-root domain when it is FP8 (AdamW's second moment: sqrt(v) has the range of m, v twice that);
 //   * the counter-based random bits of stochastic rounding: a splitmix64-style hash of
 //     (seed, step, stream, element index), so a resumed run draws the same bits.
@@ -95,6 +95,30 @@ FP8MP_HOST_DEVICE float fp32_div(float a, float b) {
 FP8MP_HOST_DEVICE float block_scale(float amax) { return fp32_div(amax, FormatTraits<Fp8Format::E4M3>::kMax); }
 FP8MP_HOST_DEVICE float block_encode_multiplier(float amax) {
   return amax > 0.0f ? fp32_div(FormatTraits<Fp8Format::E4M3>::kMax, amax) : 0.0f;
+}
+
+// The E4M3 code of x (already in the block's units, |x| <= 448 up to rounding) rounded stochastically to one
+// of its two neighbours, up (in magnitude) with probability (|x| - lo) / (hi - lo) against the top 24 of
+// `random`'s bits, so the expected value is x: an EMA whose step is below E4M3's spacing (AdamW's v at
+// beta2 = 0.999, Lion's m at 0.99) still moves on average, where nearest rounding would freeze it. E4M3's codes
+// order like their magnitudes, so the neighbours are one code apart. NaN keeps nearest rounding's code.
+// `keep_positive`: a positive x below the smallest subnormal keeps that subnormal instead of 0 (for AdamW's
+// sqrt(v), a denominator: 0 would turn a surviving m into a step of m / eps).
+FP8MP_HOST_DEVICE uint8_t e4m3_stochastic_code(float x, uint32_t random, bool keep_positive) {
+  using E4M3 = FormatTraits<Fp8Format::E4M3>;
+  const uint8_t nearest = encode<Fp8Format::E4M3>(x);
+  const float magnitude = bits_to_float(float_to_bits(x) & 0x7FFFFFFFu);
+  const uint32_t code = nearest & 0x7Fu;
+  const float nearest_magnitude = decode<Fp8Format::E4M3>(uint8_t(code));
+  if (magnitude == nearest_magnitude || x != x) return nearest;  // exact (0 included), or NaN
+  if (nearest_magnitude < magnitude && code == uint32_t(E4M3::kMaxCode)) return nearest;  // saturated
+  const uint32_t lo = nearest_magnitude > magnitude ? code - 1u : code;
+  const float lo_value = decode<Fp8Format::E4M3>(uint8_t(lo));
+  const float hi_value = decode<Fp8Format::E4M3>(uint8_t(lo + 1u));
+  const float up = fp32_div(magnitude - lo_value, hi_value - lo_value);
+  const float uniform = float(random >> 8) * 0x1p-24f;
+  const uint32_t rounded = uniform < up ? lo + 1u : lo;
+  return uint8_t((nearest & 0x80u) | (keep_positive && rounded == 0u && x > 0.0f ? 1u : rounded));
 }
 
 // ------------------------------------------------------------------------------------------------ AdamW

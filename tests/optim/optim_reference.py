@@ -7,8 +7,8 @@ import torch
 
 BLOCK = 128
 U32 = 2.0 ** -24  # unit roundoff of fp32
-E4M3_HALF_ULP = 2.0 ** -4  # half the spacing of E4M3's 3-bit mantissa, relative
-E4M3_MIN_SUBNORMAL = 2.0 ** -9
+E4M3_STEP = 2.0 ** -3  # the spacing of E4M3's 3-bit mantissa relative to the value (stochastic rounding moves less)
+E4M3_MIN_SUBNORMAL = 2.0 ** -9  # also the spacing of the subnormals
 BF16_ULP = 2.0 ** -7  # one bf16 step, relative (stochastic rounding moves less than one step)
 
 
