@@ -98,27 +98,30 @@ FP8MP_HOST_DEVICE float block_encode_multiplier(float amax) {
 }
 
 // The E4M3 code of x (already in the block's units, |x| <= 448 up to rounding) rounded stochastically to one
-// of its two neighbours, up (in magnitude) with probability (|x| - lo) / (hi - lo) against the top 24 of
-// `random`'s bits, so the expected value is x: an EMA whose step is below E4M3's spacing (AdamW's v at
-// beta2 = 0.999, Lion's m at 0.99) still moves on average, where nearest rounding would freeze it. E4M3's codes
-// order like their magnitudes, so the neighbours are one code apart. NaN keeps nearest rounding's code.
-// `keep_positive`: a positive x below the smallest subnormal keeps that subnormal instead of 0 (for AdamW's
-// sqrt(v), a denominator: 0 would turn a surviving m into a step of m / eps).
+// of its two neighbours, up (in magnitude) with probability (|x| - lo) / (hi - lo), so the expected value is
+// x: an EMA whose step is below E4M3's spacing (AdamW's v at beta2 = 0.999, Lion's m at 0.99) still moves on
+// average, where nearest rounding would freeze it. Normal range: 20 random bits added below the 3 mantissa
+// bits kept, then truncated (a carry moves to the next binade, as it should). Subnormal range (|x| < 2^-6,
+// spacing 2^-9): floor(|x| 2^9 + uniform). Branch-free; values just above 448 truncate to 448; NaN keeps
+// nearest rounding's code. `keep_positive`: a positive x below the smallest subnormal keeps that subnormal
+// instead of 0 (for AdamW's sqrt(v), a denominator: 0 would turn a surviving m into a step of m / eps).
 FP8MP_HOST_DEVICE uint8_t e4m3_stochastic_code(float x, uint32_t random, bool keep_positive) {
-  using E4M3 = FormatTraits<Fp8Format::E4M3>;
-  const uint8_t nearest = encode<Fp8Format::E4M3>(x);
-  const float magnitude = bits_to_float(float_to_bits(x) & 0x7FFFFFFFu);
-  const uint32_t code = nearest & 0x7Fu;
-  const float nearest_magnitude = decode<Fp8Format::E4M3>(uint8_t(code));
-  if (magnitude == nearest_magnitude || x != x) return nearest;  // exact (0 included), or NaN
-  if (nearest_magnitude < magnitude && code == uint32_t(E4M3::kMaxCode)) return nearest;  // saturated
-  const uint32_t lo = nearest_magnitude > magnitude ? code - 1u : code;
-  const float lo_value = decode<Fp8Format::E4M3>(uint8_t(lo));
-  const float hi_value = decode<Fp8Format::E4M3>(uint8_t(lo + 1u));
-  const float up = fp32_div(magnitude - lo_value, hi_value - lo_value);
+  constexpr uint32_t kDropped = 23 - FormatTraits<Fp8Format::E4M3>::kManBits;  // 20 fp32 mantissa bits
+  constexpr uint32_t kMinNormalBits = uint32_t(127 + 1 - FormatTraits<Fp8Format::E4M3>::kBias) << 23;  // 2^-6
+  const uint32_t bits = float_to_bits(x);
+  const uint32_t magnitude_bits = bits & 0x7FFFFFFFu;
+  const uint32_t truncated = (magnitude_bits + (random >> (32 - kDropped))) & ~((1u << kDropped) - 1u);
+  const int32_t normal_code = int32_t(encode<Fp8Format::E4M3>(bits_to_float(truncated)));  // exact: no rounding left
   const float uniform = float(random >> 8) * 0x1p-24f;
-  const uint32_t rounded = uniform < up ? lo + 1u : lo;
-  return uint8_t((nearest & 0x80u) | (keep_positive && rounded == 0u && x > 0.0f ? 1u : rounded));
+#if defined(__CUDA_ARCH__)
+  const float subnormal_position = __fadd_rn(__fmul_rn(bits_to_float(magnitude_bits), 512.0f), uniform);
+#else
+  const float subnormal_position = bits_to_float(magnitude_bits) * 512.0f + uniform;
+#endif
+  int32_t code = select(magnitude_bits < kMinNormalBits, int32_t(subnormal_position), normal_code);
+  code = select(keep_positive && code == 0 && magnitude_bits != 0u && (bits >> 31) == 0u, 1, code);
+  code = select(magnitude_bits > 0x7F800000u, kNanCode, code);
+  return uint8_t(uint32_t(code) | ((bits >> 24) & 0x80u));
 }
 
 // ------------------------------------------------------------------------------------------------ AdamW
