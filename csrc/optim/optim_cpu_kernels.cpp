@@ -10,8 +10,8 @@ using optim::kStateBlock;
 using optim::StateType;
 
 template <typename Rule, typename P, typename G, StateType S>
-void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, int64_t t, int64_t first_block,
-                 int64_t last_block) {
+void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, const optim::StepKeys& keys,
+                 int64_t first_block, int64_t last_block) {
   constexpr int K = Rule::kStates;
   auto* param = static_cast<P*>(b.param);
   const auto* grad = static_cast<const G*>(b.grad);
@@ -29,14 +29,14 @@ void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, i
       float s[K];
       for (int k = 0; k < K; ++k) s[k] = optim::load_state<S>(b.state[k], i, scale[k], Rule::sqrt_domain(k));
       const float p = Rule::update(c, optim::load_float(grad, i), optim::load_float(param, i), s);
-      optim::store_param(param, i, p, b.seed, t);
+      optim::store_param(param, i, p, keys.param);
       for (int k = 0; k < K; ++k) {
         if constexpr (S == StateType::E4M3) {
           updated[k][j] = optim::fp8_stored_value(s[k], Rule::sqrt_domain(k));
           const float magnitude = std::fabs(updated[k][j]);
           amax[k] = magnitude > amax[k] || magnitude != magnitude ? magnitude : amax[k];
         } else {
-          optim::store_wide_state<S>(b.state[k], i, s[k], b.seed, t, uint32_t(k + 1));
+          optim::store_wide_state<S>(b.state[k], i, s[k], keys.state[k]);
         }
       }
     }
@@ -46,7 +46,7 @@ void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, i
         auto* codes = static_cast<uint8_t*>(b.state[k]) + begin;
         for (int64_t j = 0; j < count; ++j) {
           codes[j] = optim::e4m3_stochastic_code(updated[k][j] * multiplier,
-                                                 optim::random_bits(b.seed, t, uint32_t(k + 1), begin + j),
+                                                 optim::random_bits(keys.state[k], begin + j),
                                                  Rule::sqrt_domain(k));
         }
         b.state_scale[k][block] = optim::block_scale(amax[k]);
@@ -60,13 +60,14 @@ void step(const optim::StepBuffers& b, const typename Rule::Hyper& hyper, Parall
   if (b.found_inf != nullptr && *b.found_inf != 0.0f) return;
   const int64_t t = *b.step + 1;
   const typename Rule::Scalars c = Rule::scalars(hyper, t);
+  const optim::StepKeys keys = optim::step_keys(b.seed, t);
   const int64_t blocks = (b.numel + kStateBlock - 1) / kStateBlock;
   FP8MP_DISPATCH_STATE(b.state_type, [&] {
     const auto run = [&](auto param_tag, auto grad_tag) {
       using P = decltype(param_tag);
       using G = decltype(grad_tag);
       parallel_for(0, blocks, 64, [&](int64_t first, int64_t last) {
-        step_blocks<Rule, P, G, kState>(b, c, t, first, last);
+        step_blocks<Rule, P, G, kState>(b, c, keys, first, last);
       });
     };
     if (b.param_is_bf16) {

@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
   __shared__ float shared[kWarps];
   const int64_t t = *b.step + 1;
   const typename Rule::Scalars c = Rule::scalars(hyper, t);
+  const optim::StepKeys keys = optim::step_keys(b.seed, t);
   auto* param = static_cast<P*>(b.param);
   const auto* grad = static_cast<const G*>(b.grad);
   const int64_t blocks = (b.numel + kStateBlock - 1) / kStateBlock;
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
     if (valid) {
       for (int k = 0; k < K; ++k) s[k] = optim::load_state<S>(b.state[k], i, scale[k], Rule::sqrt_domain(k));
       const float p = Rule::update(c, optim::load_float(grad, i), optim::load_float(param, i), s);
-      optim::store_param(param, i, p, b.seed, t);
+      optim::store_param(param, i, p, keys.param);
     }
     for (int k = 0; k < K; ++k) {
       if constexpr (S == StateType::E4M3) {
@@ -62,12 +63,12 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
         const float amax = block_amax(fabsf(stored), shared);
         if (valid) {
           static_cast<uint8_t*>(b.state[k])[i] = optim::e4m3_stochastic_code(
-              __fmul_rn(stored, optim::block_encode_multiplier(amax)), optim::random_bits(b.seed, t, uint32_t(k + 1), i),
+              __fmul_rn(stored, optim::block_encode_multiplier(amax)), optim::random_bits(keys.state[k], i),
               Rule::sqrt_domain(k));
         }
         if (threadIdx.x == 0) b.state_scale[k][block] = optim::block_scale(amax);
       } else if (valid) {
-        optim::store_wide_state<S>(b.state[k], i, s[k], b.seed, t, uint32_t(k + 1));
+        optim::store_wide_state<S>(b.state[k], i, s[k], keys.state[k]);
       }
     }
   }

@@ -36,10 +36,24 @@ FP8MP_HOST_DEVICE uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// 32 random bits for element `index` of a tensor at optimizer step `step` (1-based), stream `stream`.
-FP8MP_HOST_DEVICE uint32_t random_bits(uint64_t seed, int64_t step, uint32_t stream, int64_t index) {
-  const uint64_t key = mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t(step) * 4u + stream + 1u));
+// The key of one random stream at optimizer step `step` (1-based): (seed, step, stream) mixed once per step.
+FP8MP_HOST_DEVICE uint64_t stream_key(uint64_t seed, int64_t step, uint32_t stream) {
+  return mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t(step) * 4u + stream + 1u));
+}
+
+// 32 random bits for element `index` of a stream: one more mix per element.
+FP8MP_HOST_DEVICE uint32_t random_bits(uint64_t key, int64_t index) {
   return uint32_t(mix64(key ^ (uint64_t(index) * 0xD1B54A32D192ED03ull)) >> 32);
+}
+
+// The stream keys of one step: the parameter's and each state's.
+struct StepKeys {
+  uint64_t param;
+  uint64_t state[2];
+};
+
+FP8MP_HOST_DEVICE StepKeys step_keys(uint64_t seed, int64_t step) {
+  return {stream_key(seed, step, kParamStream), {stream_key(seed, step, 1u), stream_key(seed, step, 2u)}};
 }
 
 // bf16 bits of x rounded stochastically: up (in magnitude) with probability (the dropped 16 bits) / 2^16,
@@ -209,19 +223,18 @@ FP8MP_HOST_DEVICE float fp8_stored_value(float value, bool sqrt_domain) {
 
 // A new state value written as float32 or bfloat16 (the FP8 states are written per block, by the kernels).
 template <StateType S>
-FP8MP_HOST_DEVICE void store_wide_state(void* data, int64_t i, float value, uint64_t seed, int64_t step,
-                                        uint32_t stream) {
+FP8MP_HOST_DEVICE void store_wide_state(void* data, int64_t i, float value, uint64_t key) {
   if constexpr (S == StateType::Float32) {
     static_cast<float*>(data)[i] = value;
   } else {
-    static_cast<uint16_t*>(data)[i] = bf16_stochastic_bits(value, random_bits(seed, step, stream, i));
+    static_cast<uint16_t*>(data)[i] = bf16_stochastic_bits(value, random_bits(key, i));
   }
 }
 
 // The new parameter: float32 exactly, bfloat16 with stochastic rounding.
-FP8MP_HOST_DEVICE void store_param(float* data, int64_t i, float value, uint64_t, int64_t) { data[i] = value; }
-FP8MP_HOST_DEVICE void store_param(bf16* data, int64_t i, float value, uint64_t seed, int64_t step) {
-  data[i].bits = bf16_stochastic_bits(value, random_bits(seed, step, kParamStream, i));
+FP8MP_HOST_DEVICE void store_param(float* data, int64_t i, float value, uint64_t) { data[i] = value; }
+FP8MP_HOST_DEVICE void store_param(bf16* data, int64_t i, float value, uint64_t key) {
+  data[i].bits = bf16_stochastic_bits(value, random_bits(key, i));
 }
 
 // Dispatch runtime dtypes to compile-time ones: FP8MP_DISPATCH_STATE(s, [&] { f<kState>(); }).
