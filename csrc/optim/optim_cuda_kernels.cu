@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
   __shared__ float shared[kWarps];
   const int64_t t = *b.step + 1;
   const typename Rule::Scalars c = Rule::scalars(hyper, t);
-  const optim::StepKeys keys = optim::step_keys(b.seed, t);
+  const uint64_t key = optim::step_key(b.seed, t);
   auto* param = static_cast<P*>(b.param);
   const auto* grad = static_cast<const G*>(b.grad);
   const int64_t blocks = (b.numel + kStateBlock - 1) / kStateBlock;
@@ -52,10 +52,11 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
       for (int k = 0; k < K; ++k) scale[k] = b.state_scale[k][block];
     }
     float s[K] = {};
+    const uint64_t random = valid ? optim::element_random(key, i) : 0u;
     if (valid) {
       for (int k = 0; k < K; ++k) s[k] = optim::load_state<S>(b.state[k], i, scale[k], Rule::sqrt_domain(k));
       const float p = Rule::update(c, optim::load_float(grad, i), optim::load_float(param, i), s);
-      optim::store_param(param, i, p, keys.param);
+      optim::store_param(param, i, p, random);
     }
     for (int k = 0; k < K; ++k) {
       if constexpr (S == StateType::E4M3) {
@@ -63,12 +64,12 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
         const float amax = block_amax(fabsf(stored), shared);
         if (valid) {
           static_cast<uint8_t*>(b.state[k])[i] = optim::e4m3_stochastic_code(
-              __fmul_rn(stored, optim::block_encode_multiplier(amax)), optim::random_bits(keys.state[k], i),
+              __fmul_rn(stored, optim::block_encode_multiplier(amax)), optim::state_random(random, k),
               Rule::sqrt_domain(k));
         }
         if (threadIdx.x == 0) b.state_scale[k][block] = optim::block_scale(amax);
       } else if (valid) {
-        optim::store_wide_state<S>(b.state[k], i, s[k], keys.state[k]);
+        optim::store_wide_state<S>(b.state[k], i, s[k], optim::state_random(random, k));
       }
     }
   }

@@ -8,7 +8,7 @@
 //     kStateBlock contiguous elements (absmax / 448, stochastic rounding); a rule may keep a state in the
 //     square-root domain when it is FP8 (AdamW's second moment: sqrt(v) has the range of m, v twice that);
 //   * the counter-based random bits of stochastic rounding: a splitmix64-style hash of
-//     (seed, step, stream, element index), so a resumed run draws the same bits.
+//     (seed, step, element index), so a resumed run draws the same bits.
 // Standard library only, like fp8_format.h.
 #pragma once
 
@@ -25,9 +25,6 @@ constexpr int64_t kStateBlock = 128;
 
 enum class StateType : int { Float32 = 0, BFloat16 = 1, E4M3 = 2 };
 
-// Random streams: the parameter's stochastic rounding, then one per state.
-constexpr uint32_t kParamStream = 0;
-
 FP8MP_HOST_DEVICE uint64_t mix64(uint64_t z) {
   z ^= z >> 30;
   z *= 0xBF58476D1CE4E5B9ull;
@@ -36,27 +33,24 @@ FP8MP_HOST_DEVICE uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// The key of one random stream at optimizer step `step` (1-based): (seed, step, stream) mixed once per step.
-FP8MP_HOST_DEVICE uint64_t stream_key(uint64_t seed, int64_t step, uint32_t stream) {
-  return mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t(step) * 4u + stream + 1u));
+// The random key of one optimizer step `step` (1-based) of one tensor: (seed, step) mixed once.
+FP8MP_HOST_DEVICE uint64_t step_key(uint64_t seed, int64_t step) {
+  return mix64(seed + 0x9E3779B97F4A7C15ull * uint64_t(step));
 }
 
-// 32 random bits for element `index` of a stream: one more mix per element.
-FP8MP_HOST_DEVICE uint32_t random_bits(uint64_t key, int64_t index) {
-  return uint32_t(mix64(key ^ (uint64_t(index) * 0xD1B54A32D192ED03ull)) >> 32);
+// 64 random bits for element `index` of the tensor at one step, one mix per element, shared out among what
+// the step rounds stochastically: bits 0-15 the bf16 parameter (param_random), bits 16-39 state 0 and
+// bits 40-63 state 1 (state_random: 24 bits each, at the top of a 32-bit word).
+FP8MP_HOST_DEVICE uint64_t element_random(uint64_t key, int64_t index) {
+  return mix64(key ^ (uint64_t(index) * 0xD1B54A32D192ED03ull));
+}
+FP8MP_HOST_DEVICE uint32_t param_random(uint64_t random) { return uint32_t(random & 0xFFFFu); }
+FP8MP_HOST_DEVICE uint32_t state_random(uint64_t random, int k) {
+  return uint32_t((random >> (16 + 24 * k)) & 0xFFFFFFu) << 8;
 }
 
-// The stream keys of one step: the parameter's and each state's.
-struct StepKeys {
-  uint64_t param;
-  uint64_t state[2];
-};
-
-FP8MP_HOST_DEVICE StepKeys step_keys(uint64_t seed, int64_t step) {
-  return {stream_key(seed, step, kParamStream), {stream_key(seed, step, 1u), stream_key(seed, step, 2u)}};
-}
-
-// bf16 bits of x rounded stochastically: up (in magnitude) with probability (the dropped 16 bits) / 2^16,
+// bf16 bits of x rounded stochastically: up (in magnitude) with probability (the dropped 16 bits) / 2^16
+// against the low 16 bits of `random`,
 // so the expected value is x. NaN becomes 0x7FC0 (torch's bits), Inf stays Inf; a finite value within one
 // bf16 step of the largest rounds to Inf with the probability of crossing it, as nearest rounding would.
 FP8MP_HOST_DEVICE uint16_t bf16_stochastic_bits(float x, uint32_t random) {
@@ -203,7 +197,14 @@ FP8MP_HOST_DEVICE float load_float(const T* data, int64_t i) {
   return float(data[i]);
 }
 
-// One state value as the rule sees it (FP8: decoded, scaled and squared back out of the sqrt domain).
+// An FP8 state's value as the rule sees it: the decoded code times its block's scale, squared back out of the
+// sqrt domain.
+FP8MP_HOST_DEVICE float fp8_state_value(float decoded, float scale, bool sqrt_domain) {
+  const float stored = decoded * scale;
+  return sqrt_domain ? stored * stored : stored;
+}
+
+// One state value as the rule sees it.
 template <StateType S>
 FP8MP_HOST_DEVICE float load_state(const void* data, int64_t i, float scale, bool sqrt_domain) {
   if constexpr (S == StateType::Float32) {
@@ -211,8 +212,7 @@ FP8MP_HOST_DEVICE float load_state(const void* data, int64_t i, float scale, boo
   } else if constexpr (S == StateType::BFloat16) {
     return bf16_bits_to_float(static_cast<const uint16_t*>(data)[i]);
   } else {
-    const float stored = decode<Fp8Format::E4M3>(static_cast<const uint8_t*>(data)[i]) * scale;
-    return sqrt_domain ? stored * stored : stored;
+    return fp8_state_value(decode<Fp8Format::E4M3>(static_cast<const uint8_t*>(data)[i]), scale, sqrt_domain);
   }
 }
 
@@ -221,20 +221,21 @@ FP8MP_HOST_DEVICE float fp8_stored_value(float value, bool sqrt_domain) {
   return sqrt_domain ? fp32_sqrt(value) : value;
 }
 
-// A new state value written as float32 or bfloat16 (the FP8 states are written per block, by the kernels).
+// A new state value written as float32 or bfloat16 (the FP8 states are written per block, by the kernels);
+// `random` is state_random's word.
 template <StateType S>
-FP8MP_HOST_DEVICE void store_wide_state(void* data, int64_t i, float value, uint64_t key) {
+FP8MP_HOST_DEVICE void store_wide_state(void* data, int64_t i, float value, uint32_t random) {
   if constexpr (S == StateType::Float32) {
     static_cast<float*>(data)[i] = value;
   } else {
-    static_cast<uint16_t*>(data)[i] = bf16_stochastic_bits(value, random_bits(key, i));
+    static_cast<uint16_t*>(data)[i] = bf16_stochastic_bits(value, random >> 16);
   }
 }
 
-// The new parameter: float32 exactly, bfloat16 with stochastic rounding.
+// The new parameter: float32 exactly, bfloat16 with stochastic rounding (`random`: element_random's bits).
 FP8MP_HOST_DEVICE void store_param(float* data, int64_t i, float value, uint64_t) { data[i] = value; }
-FP8MP_HOST_DEVICE void store_param(bf16* data, int64_t i, float value, uint64_t key) {
-  data[i].bits = bf16_stochastic_bits(value, random_bits(key, i));
+FP8MP_HOST_DEVICE void store_param(bf16* data, int64_t i, float value, uint64_t random) {
+  data[i].bits = bf16_stochastic_bits(value, param_random(random));
 }
 
 // Dispatch runtime dtypes to compile-time ones: FP8MP_DISPATCH_STATE(s, [&] { f<kState>(); }).
