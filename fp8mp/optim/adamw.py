@@ -16,8 +16,9 @@ class AdamW(FusedOptimizer):
         params: float32 or bfloat16 parameters (or param groups), all on one device.
         lr, betas, eps, weight_decay: as torch.optim.AdamW (lr may be changed by LR schedulers between steps).
         state_dtype: torch.float8_e4m3fn (default: m and sqrt(v) in E4M3 with one float32 scale per 128
-            elements, 2.06 bytes of state per parameter), torch.bfloat16 (4 bytes, stochastically rounded)
-            or torch.float32 (8 bytes, torch.optim.AdamW's arithmetic).
+            elements, 2.06 bytes of state per parameter), torch.bfloat16 (4 bytes) or torch.float32 (8 bytes,
+            torch.optim.AdamW's arithmetic). FP8 and bf16 states are rounded stochastically (an EMA step below
+            the format's spacing would otherwise freeze them).
         seed: the stochastic rounding's seed (bfloat16 parameters and states); parameter i draws stream seed + i.
         skip_nonfinite: skip a step (change nothing) when any gradient holds an Inf or a NaN; see
             fp8mp.optim.fused.

@@ -3,7 +3,8 @@ non-finite check, and a bit-exact state_dict round trip.
 
 A subclass names its states (``state_names``) and runs its op on one parameter (``_step_parameter``); the
 states are created here in the optimizer's `state_dtype`: float32, bfloat16, or float8_e4m3fn with one
-float32 scale per 128 elements (state ``<name>_scale``). Every state entry is a tensor, so
+float32 scale per 128 elements (state ``<name>_scale``); the ops round bfloat16 and FP8 values stochastically
+(fp8mp/ops/optim.py). Every state entry is a tensor, so
 ``torch.save(optimizer.state_dict())`` loads back with ``torch.load(weights_only=True)``:
 
 * ``step``: 1-element int64 on the parameter's device, the steps taken; the op increments it, and it is the
