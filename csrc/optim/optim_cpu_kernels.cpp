@@ -67,14 +67,14 @@ void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, u
           amax_bits = magnitude_bits > amax_bits ? magnitude_bits : amax_bits;
         }
         const float amax = bits_to_float(amax_bits);
-        const float multiplier = optim::block_encode_multiplier(amax);
+        const float multiplier = optim::state_block_encode_multiplier(amax);
         auto* codes = static_cast<uint8_t*>(b.state[k]) + begin;
         for (int64_t j = 0; j < count; ++j) {
           codes[j] = optim::e4m3_stochastic_code(updated[k][j] * multiplier,
                                                  optim::state_random(random[j], k),
                                                  Rule::sqrt_domain(k));
         }
-        b.state_scale[k][block] = optim::block_scale(amax);
+        b.state_scale[k][block] = optim::state_block_scale(amax);
       }
     }
   }

@@ -64,10 +64,10 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
         const float amax = block_amax(fabsf(stored), shared);
         if (valid) {
           static_cast<uint8_t*>(b.state[k])[i] = optim::e4m3_stochastic_code(
-              __fmul_rn(stored, optim::block_encode_multiplier(amax)), optim::state_random(random, k),
+              __fmul_rn(stored, optim::state_block_encode_multiplier(amax)), optim::state_random(random, k),
               Rule::sqrt_domain(k));
         }
-        if (threadIdx.x == 0) b.state_scale[k][block] = optim::block_scale(amax);
+        if (threadIdx.x == 0) b.state_scale[k][block] = optim::state_block_scale(amax);
       } else if (valid) {
         optim::store_wide_state<S>(b.state[k], i, s[k], optim::state_random(random, k));
       }

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/fp8_format.h"
+#include "blockwise/block_scale_rule.h"
 #include "common/half_types.h"
 
 namespace fp8mp::optim {
@@ -74,35 +75,27 @@ FP8MP_HOST_DEVICE double pow_by_squaring(double base, int64_t n) {
   return result;
 }
 
-FP8MP_HOST_DEVICE float fp32_sqrt(float x) {
+// IEEE square root, rounded to nearest, of a float or a double on both devices.
+template <typename T>
+FP8MP_HOST_DEVICE T ieee_sqrt(T x) {
 #if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(x);
+  if constexpr (sizeof(T) == 4) {
+    return __fsqrt_rn(x);
+  } else {
+    return __dsqrt_rn(x);
+  }
 #else
   return std::sqrt(x);
-#endif
-}
-
-FP8MP_HOST_DEVICE double fp64_sqrt(double x) {
-#if defined(__CUDA_ARCH__)
-  return __dsqrt_rn(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
-FP8MP_HOST_DEVICE float fp32_div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
 #endif
 }
 
 // The FP8 scale of a block whose largest magnitude is amax: values = decode(code) * scale. A zero block
 // has scale 0 (its codes are 0).
-FP8MP_HOST_DEVICE float block_scale(float amax) { return fp32_div(amax, FormatTraits<Fp8Format::E4M3>::kMax); }
-FP8MP_HOST_DEVICE float block_encode_multiplier(float amax) {
-  return amax > 0.0f ? fp32_div(FormatTraits<Fp8Format::E4M3>::kMax, amax) : 0.0f;
+FP8MP_HOST_DEVICE float state_block_scale(float amax) {
+  return block_div(amax, FormatTraits<Fp8Format::E4M3>::kMax);
+}
+FP8MP_HOST_DEVICE float state_block_encode_multiplier(float amax) {
+  return amax > 0.0f ? block_div(FormatTraits<Fp8Format::E4M3>::kMax, amax) : 0.0f;
 }
 
 // The E4M3 code of x (already in the block's units, |x| <= 448 up to rounding) rounded stochastically to one
@@ -151,17 +144,17 @@ struct AdamW {
     const double bias_correction1 = 1.0 - pow_by_squaring(h.beta1, t);
     const double bias_correction2 = 1.0 - pow_by_squaring(h.beta2, t);
     return {float(h.beta1), float(1.0 - h.beta1), float(h.beta2), float(1.0 - h.beta2), float(h.eps),
-            float(1.0 - h.lr * h.weight_decay), float(h.lr / bias_correction1), float(fp64_sqrt(bias_correction2))};
+            float(1.0 - h.lr * h.weight_decay), float(h.lr / bias_correction1), float(ieee_sqrt(bias_correction2))};
   }
 
   // One element: the new parameter; s[0] = m and s[1] = v in, their new values out.
   FP8MP_HOST_DEVICE static float update(const Scalars& c, float g, float p, float* s) {
     const float m = c.beta1 * s[0] + c.one_minus_beta1 * g;
     const float v = c.beta2 * s[1] + c.one_minus_beta2 * (g * g);
-    const float denom = fp32_div(fp32_sqrt(v), c.bias_correction2_sqrt) + c.eps;
+    const float denom = block_div(ieee_sqrt(v), c.bias_correction2_sqrt) + c.eps;
     s[0] = m;
     s[1] = v;
-    return p * c.decay - c.step_size * fp32_div(m, denom);
+    return p * c.decay - c.step_size * block_div(m, denom);
   }
 };
 
@@ -218,7 +211,7 @@ FP8MP_HOST_DEVICE float load_state(const void* data, int64_t i, float scale, boo
 
 // What an FP8 state stores of the rule's new value (before its block's scale).
 FP8MP_HOST_DEVICE float fp8_stored_value(float value, bool sqrt_domain) {
-  return sqrt_domain ? fp32_sqrt(value) : value;
+  return sqrt_domain ? ieee_sqrt(value) : value;
 }
 
 // A new state value written as float32 or bfloat16 (the FP8 states are written per block, by the kernels);
