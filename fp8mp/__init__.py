@@ -20,12 +20,17 @@ from fp8mp.scaling import distributed, recipe
 from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
 from fp8mp.training import LossScaler, Trainer, TrainerConfig, fallback, monitor
 from fp8mp.training import loss_scaler as amp
-from fp8mp.training import master_weight_optimizer as optim
+from fp8mp import optim
+from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer as _MasterWeightOptimizer
+
+# fp8mp.optim is the fused optimizers' layer; `fp8mp.optim.MasterWeightOptimizer` (it lives in the
+# training layer, which fp8mp.optim may not import) is kept there for code written before.
+optim.MasterWeightOptimizer = _MasterWeightOptimizer
 
 # Short public module paths: `fp8mp.recipe`, `fp8mp.monitor` and `fp8mp.fallback` are the documented
-# names of modules that live in their layers; `fp8mp.amp`, `fp8mp.optim` and `fp8mp.distributed` are
+# names of modules that live in their layers; `fp8mp.amp` and `fp8mp.distributed` are
 # kept only for compatibility with code written before the layered layout.
-for _name, _module in {"recipe": recipe, "monitor": monitor, "fallback": fallback, "amp": amp, "optim": optim,
+for _name, _module in {"recipe": recipe, "monitor": monitor, "fallback": fallback, "amp": amp,
                        "distributed": distributed}.items():
     _sys.modules[f"{__name__}.{_name}"] = _module
 

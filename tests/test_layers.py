@@ -10,7 +10,7 @@ import fp8mp
 
 PACKAGE = pathlib.Path(fp8mp.__file__).parent
 # Bottom up; fp8mp/__init__.py (the public API) sits above them all.
-LAYERS = ["_C", "ops", "scaling", "nn", "training", "integrations"]
+LAYERS = ["_C", "ops", "optim", "scaling", "nn", "training", "integrations"]
 
 
 def module_name(path: pathlib.Path) -> str:
