@@ -35,7 +35,8 @@ RELEASE_CUDA_ARCHS = "8.9;9.0;10.0;12.0+PTX"
 SOURCE_TREE = os.path.dirname(PACKAGE)
 OPS = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "update_amax_history_and_scale", "fp8_gemm",
        "layernorm_fwd", "layernorm_fwd_fp8", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_fwd_fp8", "rmsnorm_bwd",
-       "block_quantize", "block_quantize_transpose", "block_scaled_gemm", "adamw_step", "lion_step"]
+       "block_quantize", "block_quantize_transpose", "block_scaled_gemm", "adamw_step", "lion_step",
+       "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "block_scaled_grouped_gemm"]
 CPU_ONLY_OPS = ["norm_fwd_block_fp8"]  # no CUDA kernel: fp8mp/ops/norm.py refuses CUDA tensors with NotImplementedError
 needs_cuda_build = pytest.mark.skipif(_build_info.CUDA is None, reason="CPU-only build of fp8mp: no CUDA library")
 
