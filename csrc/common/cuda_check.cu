@@ -17,6 +17,14 @@
 #define FP8MP_STRING_OF(x) FP8MP_STRING_OF_(x)
 
 namespace fp8mp {
+// Whole arrays in the library's data, which tests/test_build.py compares with cuobjdump's list of its code.
+[[gnu::used]] extern const char kCubinArchs[];
+[[gnu::used]] extern const char kPtxArchs[];
+const char kCubinArchs[] = FP8MP_STRING_OF(FP8MP_CUBIN_ARCHS);
+const char kPtxArchs[] = FP8MP_STRING_OF(FP8MP_PTX_ARCHS);
+}  // namespace fp8mp
+
+namespace fp8mp {
 
 int current_device_sm_count() {
   constexpr int kMaxDevices = 64;
@@ -50,8 +58,7 @@ DeviceDescription current_device_description() {
 }
 
 void check_device_code(const DeviceDescription& gpu, const char* op) {
-  const std::string refusal = device_code_refusal(gpu.compute_capability, FP8MP_STRING_OF(FP8MP_CUBIN_ARCHS),
-                                                     FP8MP_STRING_OF(FP8MP_PTX_ARCHS));
+  const std::string refusal = device_code_refusal(gpu.compute_capability, kCubinArchs, kPtxArchs);
   if (!refusal.empty()) throw std::runtime_error(std::string(op) + ": " + gpu.text() + "; " + refusal);
 }
 
