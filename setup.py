@@ -15,6 +15,8 @@ Blackwell datacenter and consumer, the GPUs with FP8 tensor cores, plus PTX for 
 """
 import glob
 import os
+import re
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -109,16 +111,47 @@ def cpu_extension():
                                         extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_STRIP, **COMMON))
 
 
+def arch_lists(arch_list: str) -> tuple[str, str]:
+    """TORCH_CUDA_ARCH_LIST ("8.9;9.0;10.0;12.0+PTX") -> the cubin archs and the PTX archs as "89_90_100_120"
+    and "120": what csrc/common/device_support.h checks a GPU against at run time (one preprocessor token each,
+    which csrc/common/cuda_check.cu turns into a string: nvcc would split a -D value at commas)."""
+    cubins, ptx = [], []
+    for entry in arch_list.replace(",", ";").replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        number = "".join(c for c in entry.split("+")[0] if c.isdigit() or c == ".")
+        if "." not in number:
+            continue
+        major, minor = number.split(".")[:2]
+        arch = str(int(major) * 10 + int(minor or 0))
+        cubins.append(arch)
+        if entry.upper().endswith("+PTX"):
+            ptx.append(arch)
+    return "_".join(cubins), "_".join(ptx)
+
+
+def nvcc_version() -> str:
+    """The release of the nvcc that compiles the CUDA kernels ("13.0"), from `nvcc --version`."""
+    out = subprocess.run([os.path.join(CUDA_HOME, "bin", "nvcc"), "--version"], capture_output=True, text=True,
+                         check=True).stdout
+    found = re.search(r"release (\d+\.\d+)", out)
+    if found is None:
+        sys.exit(f"could not read the CUDA release from nvcc --version:\n{out}")
+    return found.group(1)
+
+
 def cuda_extension():
     # The CUDA library carries its own copy of the argument checks, so it needs nothing from _C but the schema.
     checks = sources("*_checks.cpp")  # common/op_checks.cpp and each family's
     cuda_sources = sources("*.cu") + [s for s in sources("*.cpp") if is_cuda_source(s)] + checks
     nvcc_flags = ["-O3", "--fmad=false", "-lineinfo", "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"]
+    cubins, ptx = arch_lists(os.environ["TORCH_CUDA_ARCH_LIST"])
+    defines = ["-DUSE_CUDA", f"-DFP8MP_CUBIN_ARCHS={cubins}", f"-DFP8MP_PTX_ARCHS={ptx}"]
     ext = CUDAExtension(
         "fp8mp._cuda_ops",
         cuda_sources,
         include_dirs=[os.path.abspath(CSRC)] + cublaslt_include_dirs(),
-        extra_compile_args={"cxx": CXX_FLAGS + ["-DUSE_CUDA"], "nvcc": nvcc_flags + ["-DUSE_CUDA"]},
+        extra_compile_args={"cxx": CXX_FLAGS + defines, "nvcc": nvcc_flags + defines},
         extra_link_args=LINK_STRIP + [cublaslt_library()],
         **COMMON,
     )
@@ -126,13 +159,15 @@ def cuda_extension():
 
 
 def write_build_info(cuda: bool) -> None:
-    """fp8mp/ops/_build_info.py: what fp8mp/ops/native.py checks at import (generated, not in git)."""
+    """fp8mp/ops/_build_info.py: what fp8mp/ops/native.py checks at import (generated, not in git). CUDA is the
+    release of the nvcc that compiled the kernels (the CUDA runtime they need), not torch's at build time."""
     archs = os.environ["TORCH_CUDA_ARCH_LIST"] if cuda else ""
     with open(BUILD_INFO, "w") as f:
         f.write('"""Written by setup.py at build time: what the native libraries were built for."""\n')
         f.write(f"TORCH_TARGET = {TORCH_TARGET!r}\n")
         f.write(f"BUILT_WITH_TORCH = {torch.__version__.split('+')[0]!r}\n")
-        f.write(f"CUDA = {torch.version.cuda if cuda else None!r}\n")
+        f.write(f"CUDA = {nvcc_version() if cuda else None!r}\n")
+        f.write(f"BUILT_WITH_TORCH_CUDA = {torch.version.cuda if cuda else None!r}\n")
         f.write(f"CUDA_ARCHS = {archs!r}\n")
 
 

@@ -109,6 +109,24 @@ def test_the_release_builds_for_every_fp8_gpu_and_ptx():
 
 
 @needs_cuda_build
+@pytest.mark.skipif(not os.path.exists(CUOBJDUMP), reason="needs the CUDA toolkit's cuobjdump")
+def test_the_cuda_library_refuses_gpus_by_the_archs_it_really_holds():
+    """csrc/common/device_support.h tells a GPU it has no code for (an sm_110 Jetson Thor, say) from the arch
+    lists setup.py compiled into the library: they must be the library's own cubins and PTX."""
+    cuda_library = glob.glob(os.path.join(PACKAGE, "_cuda_ops*.so"))[0]
+    elf = subprocess.run([CUOBJDUMP, "--list-elf", cuda_library], capture_output=True, text=True, check=True).stdout
+    ptx = subprocess.run([CUOBJDUMP, "--list-ptx", cuda_library], capture_output=True, text=True, check=True).stdout
+    cubins = sorted({int(a) for a in re.findall(r"\.sm_(\d+)[a-z]?\.cubin", elf)})
+    ptx_archs = sorted({int(a) for a in re.findall(r"\.sm_(\d+)[a-z]?\.ptx", ptx)})
+    with open(cuda_library, "rb") as f:
+        data = f.read()
+    assert cubins, elf
+    for archs in (cubins, ptx_archs):
+        if archs:  # a whole NUL-terminated string "90_100", not the tail of a longer list
+            assert re.search(rb"(?<![0-9_])" + "_".join(map(str, archs)).encode() + rb"\x00", data), archs
+
+
+@needs_cuda_build
 @pytest.mark.skipif(torch.version.cuda is None, reason="torch is a CPU build: the CUDA library is not loaded")
 @pytest.mark.parametrize("op", OPS)
 def test_every_op_has_a_cuda_kernel(op):

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/fp8_format.h"
+#include "common/nan_keeping_scale.h"
 
 namespace fp8mp {
 
@@ -32,19 +33,12 @@ FP8MP_HOST_DEVICE bool is_e8m0(BlockScaleMode mode) {
   return mode == BlockScaleMode::E8m0Floor || mode == BlockScaleMode::E8m0Rceil;
 }
 
-// The one NaN the rule writes itself (a NaN amax's scale_inv and multiplier, a NaN made by scaling):
-// +quiet NaN. x86 would propagate the input NaN's payload and NVIDIA GPUs write 0x7FFFFFFF, so leaving
-// it to the hardware would make the two devices differ.
-constexpr uint32_t kBlockNanBits = 0x7FC00000u;
-
 // What a tile's amax gives: the multiplier applied before the cast, and the stored scale_inv.
 struct BlockTileScale {
   float multiplier;
   float scale_inv;    // Fp32 / Pow2
   uint8_t e8m0_code;  // E8m0Floor / E8m0Rceil
 };
-
-FP8MP_HOST_DEVICE bool is_nan_bits(uint32_t bits) { return (bits & 0x7FFFFFFFu) > 0x7F800000u; }
 
 // 2^e for e in [-149, 127], exactly (subnormals included), from the bits.
 FP8MP_HOST_DEVICE float block_exact_pow2(int e) {
@@ -63,7 +57,7 @@ FP8MP_HOST_DEVICE float block_div(float a, float b) {
 // Fp32 / Pow2: torchao's amax_to_scale, fp8_max / clamp(amax, 1e-12) in double, then float.
 FP8MP_HOST_DEVICE BlockTileScale block_fp32_scale(float amax, float fp8_max, bool pow2) {
   if (is_nan_bits(float_to_bits(amax))) {
-    const float nan = bits_to_float(kBlockNanBits);
+    const float nan = bits_to_float(kCanonicalNanBits);
     return {nan, nan, 0};
   }
   const double a = double(amax);
@@ -102,7 +96,7 @@ FP8MP_HOST_DEVICE BlockTileScale block_e8m0_floor_scale(float amax, int emax_ele
 FP8MP_HOST_DEVICE BlockTileScale block_e8m0_rceil_scale(float amax, float fp8_max) {
   const float descale = block_div(amax, fp8_max);
   const uint32_t bits = float_to_bits(descale);
-  if (is_nan_bits(bits)) return {bits_to_float(kBlockNanBits), 0.0f, 255};
+  if (is_nan_bits(bits)) return {bits_to_float(kCanonicalNanBits), 0.0f, 255};
   if ((bits & 0x7FFFFFFFu) == 0x7F800000u) return {block_exact_pow2(-127), 0.0f, 254};
   // ceil(log2(descale)) clamped to [-127, 127], from the bits (descale >= 0): a normal 1.f * 2^E gives
   // E, or E + 1 when f != 0; a subnormal one lies in (2^-127, 2^-126) -> -126, or <= 2^-127 -> -127.
@@ -129,26 +123,12 @@ FP8MP_HOST_DEVICE BlockTileScale block_tile_scale(float amax, BlockScaleMode mod
   }
 }
 
-// float(x) * multiplier with its NaNs fixed: a NaN x stays itself (its sign reaches the code, as in
-// the per-tensor casts); a NaN the multiplication makes (a NaN tile's multiplier, or +-Inf times the
-// zero multiplier of an Inf tile) is kBlockNanBits. Branch-free bit selects, so the CPU loops vectorize.
-FP8MP_HOST_DEVICE float block_scaled_value(float v, float multiplier) {
-#if defined(__CUDA_ARCH__)
-  const float product = __fmul_rn(v, multiplier);
-#else
-  const float product = v * multiplier;
-#endif
-  const uint32_t v_bits = float_to_bits(v), p_bits = float_to_bits(product);
-  const int32_t fixed_product = select(is_nan_bits(p_bits), int32_t(kBlockNanBits), int32_t(p_bits));
-  return bits_to_float(uint32_t(select(is_nan_bits(v_bits), int32_t(v_bits), fixed_product)));
-}
-
 // The FP8 code of x in a tile of `multiplier`: E8M0 modes clamp to +-fp8_max first (NaN stays NaN),
 // as torchao's to_mx does before its cast.
 template <Fp8Format F>
 FP8MP_HOST_DEVICE uint8_t block_encode(float v, float multiplier, bool clamp_first) {
   constexpr float limit = FormatTraits<F>::kMax;
-  float scaled = block_scaled_value(v, multiplier);
+  float scaled = scale_keep_nan(v, multiplier);  // a NaN tile multiplier or +-Inf x 0: the canonical NaN
   if (clamp_first) scaled = scaled > limit ? limit : (scaled < -limit ? -limit : scaled);
   return encode<F>(scaled);
 }

@@ -3,8 +3,8 @@
 // Rounding is fp8_format.h's encode<F>, the same function the CPU path runs,
 // so both devices produce identical bits (the hardware cvt instruction maps
 // E5M2 Inf to the largest finite value under SATFINITE, which torch does not).
-// Scaling goes through scale_keep_nan so that a NaN keeps its sign on the GPU
-// as it does on the CPU (NVIDIA fp32 arithmetic returns one canonical NaN).
+// Scaling goes through scale_keep_nan (a NaN input keeps its sign, a NaN the
+// product makes is the canonical one, the CPU's bits) with checked_scale's scale.
 //
 // The kernels are memory bound, so each thread issues all its loads before any
 // store, as 8- or 16-byte vectors wherever alignment allows (LDG.E.128 /
@@ -45,7 +45,7 @@ struct alignas(kVec) BytesOf {
 template <Fp8Format F, typename scalar_t, int kVec, bool kAlignedX>
 __global__ void cast_kernel(const scalar_t* __restrict__ x, uint8_t* __restrict__ y, int64_t n,
                             const float* __restrict__ scale, uint32_t* __restrict__ amax_bits) {
-  const float s = *scale;
+  const float s = checked_scale(*scale);
   uint32_t local = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t vec_count = n / kVec;
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kVec = Shape::kVec;
   __shared__ alignas(16) uint8_t tile[kTransposeTile][kTransposeTile + 4];  // +4: column reads hit 2 banks, not 1
   const TransposeTiling tiling(rows, cols);
-  const float s = *scale;
+  const float s = checked_scale(*scale);
   uint32_t local = 0;
   for (int64_t t = blockIdx.x; t < tiling.tiles; t += gridDim.x) {
     const int64_t r0 = tiling.row0(t), c0 = tiling.col0(t);
@@ -177,7 +177,7 @@ __global__ void cast_from_fp8_kernel(const uint8_t* __restrict__ y, scalar_t* __
                                      const float* __restrict__ scale_inv) {
   constexpr int kCodes = 16;
   constexpr int kOutVec = 16 / int(sizeof(scalar_t));
-  const float s = *scale_inv;
+  const float s = checked_scale(*scale_inv);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;

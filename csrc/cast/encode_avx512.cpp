@@ -97,8 +97,15 @@ struct Encoder {
       sign = _mm512_castps_si512(v);
       return abs_codes(v_abs);
     } else {
-      sign = _mm512_castps_si512(_mm512_mul_ps(v, scale));
-      return magnitude_codes<F>(_mm512_and_si512(sign, _mm512_set1_epi32(0x7FFFFFFF)));
+      // scale_keep_nan's signs (nan_keeping_scale.h): a NaN v keeps its own (the product of two NaNs is
+      // either, by the operand order the compiler picks), a NaN the product makes (+-Inf x 0, a NaN
+      // scale; x86 writes it negative) is the canonical +NaN.
+      const __m512 product = _mm512_mul_ps(v, scale);
+      const __mmask16 v_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      const __mmask16 made_nan = __mmask16(_mm512_cmp_ps_mask(product, product, _CMP_UNORD_Q) & ~v_nan);
+      sign = _mm512_mask_mov_epi32(_mm512_castps_si512(product), made_nan, _mm512_setzero_si512());
+      sign = _mm512_mask_mov_epi32(sign, v_nan, _mm512_castps_si512(v));
+      return magnitude_codes<F>(_mm512_and_si512(_mm512_castps_si512(product), _mm512_set1_epi32(0x7FFFFFFF)));
     }
   }
 };

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/device_support.h"
+
 #define FP8MP_CUDA_CHECK(EXPR)                                                                                  \
   do {                                                                                                          \
     const cudaError_t fp8mp_err_ = (EXPR);                                                                      \
@@ -17,10 +19,19 @@
     }                                                                                                           \
   } while (0)
 
-// After a kernel launch: a bad configuration is reported at once, not at the next sync.
-#define FP8MP_CUDA_LAUNCH_CHECK() FP8MP_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: a bad configuration is reported at once, not at the next sync, and a GPU this
+// build holds no code for is named with what it needs (device_support.h).
+#define FP8MP_CUDA_LAUNCH_CHECK() ::fp8mp::check_last_launch(__FILE__, __LINE__)
 
 namespace fp8mp {
+
+void check_last_launch(const char* file, int line);
+
+// The current device: index, compute capability and name (queried once per device).
+DeviceDescription current_device_description();
+
+// Throws std::runtime_error, `op` first, when this build holds no code `gpu` can run (device_code_refusal).
+void check_device_code(const DeviceDescription& gpu, const char* op);
 
 // Multiprocessor count of the current device (the grid size of the grid-stride kernels scales with it).
 int current_device_sm_count();

@@ -1,5 +1,7 @@
 #include "common/op_checks.h"
 
+#include <limits>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
@@ -38,6 +40,14 @@ Fp8Format format_of(const Tensor& t, const char* op, const char* arg) {
   FP8MP_CHECK(t.scalar_type() == kFloat8_e5m2, op, ": argument '", arg, "' must be float8_e4m3fn or float8_e5m2, got ",
               dtype_str(t.scalar_type()));
   return Fp8Format::E5M2;
+}
+
+void check_host_cast_scale(const Tensor& scale, const char* op, const char* arg) {
+  if (scale.device().type() != torch::headeronly::DeviceType::CPU) return;
+  const float value = cpu_scalar(scale);
+  FP8MP_CHECK_VALUE(value > 0.0f && value <= std::numeric_limits<float>::max(), op, ": argument '", arg,
+                    "' must be finite and > 0, got ", value,
+                    " (on a GPU, where checking it would cost a host sync, such a scale makes every output NaN)");
 }
 
 void check_scalar_tensor(const Tensor& t, const Tensor& like, const char* op, const char* arg) {

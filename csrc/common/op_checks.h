@@ -23,6 +23,11 @@ Fp8Format format_of(const Tensor& t, const char* op, const char* arg);
 // A 1-element fp32 tensor on the same device as `like` (scales and amaxes).
 void check_scalar_tensor(const Tensor& t, const Tensor& like, const char* op, const char* arg);
 
+// A cast's scale (a checked 1-element float32 tensor) must be finite and > 0. Checked where its value is on
+// the host (a CPU tensor); on a GPU, reading it would cost a host sync, so the kernels make every value cast
+// with such a scale NaN instead (nan_keeping_scale.h: checked_scale), which the loss scaler sees.
+void check_host_cast_scale(const Tensor& scale, const char* op, const char* arg);
+
 // fp32, bf16 or fp16 (the high-precision dtypes fp8mp converts from and to).
 void check_high_precision_dtype(ScalarType dtype, const char* op, const char* arg);
 

@@ -148,14 +148,13 @@ void pad_bytes(const void* src, int64_t rows, int64_t cols, void* dst, int64_t d
   FP8MP_CUDA_LAUNCH_CHECK();
 }
 
+// A GPU this build holds code for (device_support.h: not, e.g., an sm_110 Jetson Thor) with FP8 tensor cores.
 void check_fp8_capable_device() {
-  int device = 0, major = 0, minor = 0;
-  FP8MP_CUDA_CHECK(cudaGetDevice(&device));
-  FP8MP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FP8MP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < 89) {
-    throw std::runtime_error(std::string(kOp) + ": FP8 GEMM needs a GPU of compute capability 8.9 or newer, cuda:" +
-                             std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor));
+  const DeviceDescription gpu = current_device_description();
+  check_device_code(gpu, kOp);
+  if (gpu.compute_capability < 89) {
+    throw std::runtime_error(std::string(kOp) + ": FP8 GEMM needs a GPU of compute capability 8.9 or newer; " +
+                             gpu.text());
   }
 }
 

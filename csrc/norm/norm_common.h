@@ -8,6 +8,7 @@
 
 #include "common/fp8_format.h"
 #include "common/half_types.h"
+#include "common/nan_keeping_scale.h"
 
 namespace fp8mp {
 
@@ -16,17 +17,19 @@ namespace fp8mp {
 // correction sum_d / n to mean0 makes the mean accurate even when the row's
 // magnitude dwarfs its spread (mean ~ 1e4, std ~ 1), where a one-pass
 // E[x^2] - E[x]^2 loses every digit. The variance is clamped at 0 with a
-// comparison that lets NaN through.
+// comparison that lets NaN through. A NaN the statistics make (Inf - Inf) is the canonical NaN on both
+// devices (nan_keeping_scale.h), as is every NaN the norm's outputs and gradients carry.
 FP8MP_HOST_DEVICE void layernorm_stats(float mean0, float sum_d, float sum_d2, float n, float eps, float& mean,
                                        float& rstd) {
   const float shift = sum_d / n;
   mean = mean0 + shift;
   float var = sum_d2 / n - shift * shift;
   var = var < 0.0f ? 0.0f : var;
-  rstd = 1.0f / sqrtf(var + eps);
+  mean = pin_nan(mean);
+  rstd = pin_nan(1.0f / sqrtf(var + eps));
 }
 
-FP8MP_HOST_DEVICE float rmsnorm_rstd(float sum_sq, float n, float eps) { return 1.0f / sqrtf(sum_sq / n + eps); }
+FP8MP_HOST_DEVICE float rmsnorm_rstd(float sum_sq, float n, float eps) { return pin_nan(1.0f / sqrtf(sum_sq / n + eps)); }
 
 // y = ((x - mean) * rstd) * g (+ b); RMSNorm (kCentered = false) has no mean.
 template <bool kCentered>
@@ -39,7 +42,7 @@ FP8MP_HOST_DEVICE float normalized(float x, float mean, float rstd) {
 template <bool kCentered>
 FP8MP_HOST_DEVICE float norm_grad_x(float dy, float xhat, float mean_dy, float mean_dy_xhat, float rstd) {
   const float centered = kCentered ? dy - mean_dy : dy;
-  return (centered - xhat * mean_dy_xhat) * rstd;
+  return pin_nan((centered - xhat * mean_dy_xhat) * rstd);
 }
 
 // The arguments of one norm forward, for LayerNorm (centered) or RMSNorm, on raw

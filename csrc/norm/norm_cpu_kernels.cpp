@@ -92,7 +92,7 @@ FP8MP_CPU_CLONES void normalize_row(const scalar_t* __restrict x, scalar_t* __re
   for (int64_t i = 0; i < n; ++i) {
     float y = normalized<kCentered>(static_cast<float>(x[i]), mean, rstd) * g[i];
     if constexpr (kHasBias) y = y + b[i];
-    out[i] = static_cast<scalar_t>(y);
+    out[i] = static_cast<scalar_t>(pin_nan(y));
   }
 }
 
@@ -105,10 +105,10 @@ FP8MP_CPU_CLONES uint32_t normalize_row_fp8(const scalar_t* __restrict x, uint8_
   for (int64_t i = 0; i < n; ++i) {
     float y = normalized<kCentered>(static_cast<float>(x[i]), mean, rstd) * g[i];
     if constexpr (kHasBias) y = y + b[i];
-    const float rounded = static_cast<float>(static_cast<scalar_t>(y));
+    const float rounded = static_cast<float>(static_cast<scalar_t>(pin_nan(y)));
     const uint32_t abs_bits = float_to_bits(rounded) & 0x7FFFFFFFu;
     amax_bits = abs_bits > amax_bits ? abs_bits : amax_bits;
-    out[i] = encode<F>(rounded * scale);
+    out[i] = encode<F>(scale_keep_nan(rounded, scale));
   }
   return amax_bits;
 }
@@ -142,7 +142,7 @@ void norm_fwd_impl(const NormFwdArgs& args, ParallelFor parallel_for) {
   const std::vector<float> g = gain_fp32(args.weight, args.weight_type, hidden, args.zero_centered_gamma);
   const std::vector<float> b = bias_fp32(args.bias, args.bias_type, hidden);
   const float eps_f = args.eps;
-  const float scale_value = args.fp8 ? *args.scale : 1.0f;
+  const float scale_value = args.fp8 ? checked_scale(*args.scale) : 1.0f;
   const float* g_ptr = g.data();
   const float* b_ptr = b.empty() ? nullptr : b.data();
   float* mean_ptr = kCentered ? args.mean : nullptr;

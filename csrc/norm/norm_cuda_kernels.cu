@@ -105,11 +105,11 @@ __global__ void norm_fwd_kernel(const scalar_t* __restrict__ x, const float* __r
       if constexpr (kCentered) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    const float s = kFp8 ? *scale : 1.0f;
+    const float s = kFp8 ? checked_scale(*scale) : 1.0f;
     for (int64_t i = lane; i < hidden; i += kTeam) {
       float y = normalized<kCentered>(static_cast<float>(xr[i]), mean, rstd) * g[i];
       if (b != nullptr) y = y + b[i];
-      const scalar_t rounded = static_cast<scalar_t>(y);
+      const scalar_t rounded = static_cast<scalar_t>(pin_nan(y));
       if constexpr (kFp8) {
         const float v = static_cast<float>(rounded);
         local_amax = max_u32(local_amax, float_to_bits(v) & 0x7FFFFFFFu);

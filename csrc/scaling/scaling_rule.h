@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/fp8_format.h"
+#include "common/nan_keeping_scale.h"
 
 namespace fp8mp {
 
@@ -23,8 +24,11 @@ inline float pow2_margin(int64_t margin) {
 FP8MP_HOST_DEVICE float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 
 // fp8_max / effective / pow2, in fp32 with IEEE division, when effective is
-// finite and > 0 and the result is finite and > 0; otherwise old_scale.
+// finite and > 0 and the result is finite and > 0; otherwise old_scale. An
+// fp8_max that is not finite and > 0 gives the canonical NaN (checked_scale):
+// refused on the host (the CPU op), on a GPU a scale whose casts are all NaN.
 FP8MP_HOST_DEVICE float updated_scale(float fp8_max, float effective, float pow2, float old_scale) {
+  if (is_nan_bits(float_to_bits(checked_scale(fp8_max)))) return bits_to_float(kCanonicalNanBits);
 #if defined(__CUDA_ARCH__)
   const float candidate = __fdiv_rn(__fdiv_rn(fp8_max, effective), pow2);
   const bool effective_ok = effective > 0.0f && isfinite(effective);
@@ -37,11 +41,12 @@ FP8MP_HOST_DEVICE float updated_scale(float fp8_max, float effective, float pow2
   return effective_ok && candidate_ok ? candidate : old_scale;
 }
 
+// 1 / scale, a NaN scale's as the canonical NaN on both devices.
 FP8MP_HOST_DEVICE float reciprocal(float scale) {
 #if defined(__CUDA_ARCH__)
-  return __fdiv_rn(1.0f, scale);
+  return pin_nan(__fdiv_rn(1.0f, scale));
 #else
-  return 1.0f / scale;
+  return pin_nan(1.0f / scale);
 #endif
 }
 

@@ -27,13 +27,18 @@ an overflow stays visible.
 On CUDA (compiled for every release arch but not yet run on a GPU; tests/ops/test_blockwise_cuda.py):
 block_quantize and block_quantize_transpose have their own kernels, bit for bit the CPU's (the tile
 scale and the cast are csrc/blockwise/block_scale_rule.h, shared by both devices), for every block
-size, dtype, format and scale mode. block_scaled_gemm runs cuBLASLt's scale modes: rowwise blocks
-(1 x K, fp32 scales) as OUTER_VEC_32F and DeepSeek-V3 blocks (block_k 128, 1 x 128 / 128 x 128, not
-both 128 x 128) as VEC128_32F / BLK128x128_32F, both on compute capability 9.0+ with cuBLASLt 12.9+;
-MXFP8 (1 x 32, E8M0) as VEC32_UE8M0 with swizzled scales on 10.0+ with cuBLASLt 12.8+. It agrees with
-the CPU emulation to fp32 accumulation-order noise. Other block sizes on CUDA raise RuntimeError in
-the kernel and in the fake kernel alike (:func:`cuda_block_gemm_unsupported`), and an unable GPU or
-cuBLASLt raises one naming what is needed and found; nothing falls back to another computation.
+size, dtype, format and scale mode. block_scaled_gemm runs on every FP8 GPU (compute capability 8.9+),
+by one of two paths (csrc/blockwise/block_gemm_path.h): cuBLASLt's own block scale mode where it has
+one (rowwise 1 x K blocks as OUTER_VEC_32F and DeepSeek-V3 1 x 128 / 128 x 128 blocks as VEC128_32F /
+BLK128x128_32F on compute capability 9.x with cuBLASLt 12.9+; MXFP8 1 x 32 E8M0 blocks as VEC32_UE8M0
+on 10.x and 12.x with cuBLASLt 12.8+), elsewhere one FP8 GEMM per K chunk with fp32 output whose
+chunks are folded with their scales in the CPU emulation's order and arithmetic. Both produce fp32,
+add the bias in fp32 and round once to the output dtype. It agrees with the CPU emulation to fp32
+accumulation-order noise (bit for bit on the chunked path where every chunk's sum is exact);
+``FP8MP_BLOCK_GEMM_PATH=chunked`` takes the chunked path on any GPU. Other block sizes on CUDA raise
+RuntimeError in the kernel and in the fake kernel alike (:func:`cuda_block_gemm_unsupported`); a GPU
+without FP8 tensor cores, or one this build holds no code for, raises one naming the GPU, its
+compute capability and what is needed.
 """
 from __future__ import annotations
 

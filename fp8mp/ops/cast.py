@@ -58,7 +58,10 @@ def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: s
 
     Args:
         x: float32, bfloat16 or float16 tensor of any shape (non-contiguous is fine).
-        scale: 1-element float32 tensor on x's device.
+        scale: 1-element float32 tensor on x's device, finite and > 0. A CPU scale that is not is
+            refused (ValueError); on CUDA, where reading it would cost a host sync, such a scale makes
+            every output code NaN (+NaN, an input NaN keeping its sign), a non-finite result the loss
+            scaler sees, never a silently wrong one (a negative scale would flip every sign).
         amax: 1-element float32 tensor on x's device; overwritten with max|x|
             (NaN if x holds a NaN, Inf if it holds an Inf), computed in the same pass.
         fmt: "e4m3" (max 448, Inf saturates) or "e5m2" (max 57344, Inf stays Inf).
@@ -93,5 +96,8 @@ def cast_to_fp8_transpose_dbias(
 
 @raising_value_errors
 def cast_from_fp8(y: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode FP8 `y` and multiply by `scale_inv` (1-element float32 tensor), returning `out_dtype`."""
+    """Decode FP8 `y` and multiply by `scale_inv` (1-element float32 tensor), returning `out_dtype`.
+
+    `scale_inv` must be finite and > 0: refused on CPU, on CUDA every output is then NaN (see
+    :func:`cast_to_fp8`'s `scale`)."""
     return torch.ops.fp8mp.cast_from_fp8(y, scale_inv, out_dtype)

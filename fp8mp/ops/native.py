@@ -6,8 +6,8 @@ Two plain shared libraries on the LibTorch stable ABI, built by setup.py:
 with ``torch.ops.load_library``; the CUDA one only when torch itself is a CUDA
 build. Before loading, two checks turn what would be an undefined symbol or a
 crash into one ImportError naming both versions: torch older than the stable-ABI
-version the libraries target, and a CUDA runtime other than the one they were
-built for.
+version the libraries target, and a CUDA runtime (torch's) of another major version
+than the nvcc that compiled the kernels (setup.py records its release).
 """
 from __future__ import annotations
 
@@ -54,10 +54,13 @@ def _check_torch(info) -> None:
 
 
 def _check_cuda(info) -> None:
+    """The kernels link the CUDA runtime of the nvcc that compiled them (info.CUDA, its release), whose major
+    version must be the one torch loads: another major is another libcudart soname and ABI."""
     built, runtime = info.CUDA, torch.version.cuda
     if _version(built)[:1] != _version(runtime)[:1]:
-        raise ImportError(f"fp8mp's CUDA kernels were built for CUDA {built}, but this torch uses CUDA {runtime}: "
-                          f"install an fp8mp wheel built for CUDA {_version(runtime)[0]}.x, or build fp8mp from source")
+        raise ImportError(f"fp8mp's CUDA kernels were compiled by nvcc {built} (CUDA {_version(built)[0]}), but this "
+                          f"torch uses CUDA {runtime}: install an fp8mp wheel built for CUDA {_version(runtime)[0]}.x, "
+                          f"or build fp8mp from source with a CUDA {_version(runtime)[0]}.x toolkit")
 
 
 def _load() -> bool:
@@ -89,7 +92,7 @@ def cuda_kernels_status() -> str:
     """One line on fp8mp's CUDA kernels here: built or not, loaded or not and why, and the device they would run on."""
     if _INFO.CUDA is None:
         return "fp8mp CUDA kernels: not built (CPU-only build of fp8mp); ops run on CPU tensors only"
-    built = f"built for CUDA {_INFO.CUDA}, archs {_INFO.CUDA_ARCHS}"
+    built = f"compiled by nvcc {_INFO.CUDA}, archs {_INFO.CUDA_ARCHS}"
     if not _CUDA_LOADED:
         return f"fp8mp CUDA kernels: {built}, not loaded: torch {torch.__version__} is a CPU build"
     if not torch.cuda.is_available():

@@ -5,6 +5,8 @@ in csrc/scaling/scaling_{cpu,cuda}_kernels.*, whose glue (scaling_cpu.cpp / scal
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
@@ -69,6 +71,8 @@ def compute_scale(amax: torch.Tensor, fp8_max: float, margin: int, previous_scal
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
+    if isinstance(fp8_max, bool) or not isinstance(fp8_max, (int, float)) or not 0 < fp8_max < math.inf:
+        raise ValueError(f"fp8_max must be a finite number > 0 (the format's largest value), got {fp8_max!r}")
     # full_like(...) / amax rather than `fp8_max / amax`: Tensor.__rtruediv__
     # computes reciprocal(amax) * fp8_max, which rounds twice.
     candidate = torch.full_like(amax, fp8_max) / amax / (2.0 ** min(margin, 1000))

@@ -16,6 +16,7 @@
 #include "blockwise/block_scale_rule.h"
 #include "blockwise/blockwise_cpu_kernels.h"
 #include "common/fp8_format.h"
+#include "float_bits.h"
 
 using fp8mp::BlockScaleMode;
 using fp8mp::Fp8Format;
@@ -26,19 +27,9 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-void serial_for(int64_t begin, int64_t end, int64_t, const fp8mp::RangeBody& body) { body(begin, end); }
+using fp8mp_test::bits;
+using fp8mp_test::from_bits;
+using fp8mp_test::serial_for;
 
 // Positive finite floats from random bit patterns (every exponent, subnormals included), plus the edges.
 std::vector<float> amax_samples() {
@@ -127,7 +118,7 @@ TEST_CASE("E8M0 rceil codes are the smallest power of two >= amax / fp8_max", "[
 TEST_CASE("a NaN amax gives NaN scales, an Inf amax a zero scale (fp32) or the top codes (E8M0)", "[blockwise]") {
   using fp8mp::block_tile_scale;
   const auto nan32 = block_tile_scale<Fp8Format::E4M3>(kNan, BlockScaleMode::Fp32);
-  REQUIRE((bits(nan32.scale_inv) == fp8mp::kBlockNanBits && bits(nan32.multiplier) == fp8mp::kBlockNanBits));
+  REQUIRE((bits(nan32.scale_inv) == fp8mp::kCanonicalNanBits && bits(nan32.multiplier) == fp8mp::kCanonicalNanBits));
   REQUIRE(int(block_tile_scale<Fp8Format::E4M3>(kNan, BlockScaleMode::E8m0Floor).e8m0_code) == 255);
   REQUIRE(int(block_tile_scale<Fp8Format::E4M3>(kNan, BlockScaleMode::E8m0Rceil).e8m0_code) == 255);
   const auto inf32 = block_tile_scale<Fp8Format::E4M3>(kInf, BlockScaleMode::Pow2);

@@ -15,6 +15,7 @@
 #include "cast/encode_avx512.h"
 #include "common/cpu_features.h"
 #include "common/fp8_format.h"
+#include "common/nan_keeping_scale.h"
 #include "common/half_types.h"
 
 #if FP8MP_AVX512_KERNELS
@@ -31,12 +32,8 @@ int64_t first_mismatch(const scalar_t* x, int64_t n, float scale, std::vector<ui
   for (int64_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
     expected_amax = std::max(expected_amax, fp8mp::float_to_bits(v) & 0x7FFFFFFFu);
-    // NaN * NaN is either NaN, by which operand the compiler put first: the sign of the NaN code is unspecified.
-    if (v != v && scale != scale) {
-      if ((y[i] & 0x7F) != fp8mp::kNanCode) return i;
-    } else if (y[i] != fp8mp::encode<F>(v * scale)) {
-      return i;
-    }
+    // scale_keep_nan: a NaN v keeps its sign, a NaN the product makes is +NaN (the GPU's bits too).
+    if (y[i] != fp8mp::encode<F>(fp8mp::scale_keep_nan(v, scale))) return i;
   }
   CATCH_REQUIRE(y[n] == 0xAA);
   CATCH_REQUIRE(amax == expected_amax);
