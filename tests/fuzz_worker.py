@@ -1,6 +1,10 @@
 """Property-based fuzz of every fp8mp op and of the modules, run in a subprocess by tests/test_fuzz.py.
 
-    FP8MP_FUZZ_SEED=1234 python tests/fuzz_worker.py EXAMPLES_PER_TARGET    (seed: random unless given)
+    FP8MP_FUZZ_SEED=1234 python tests/fuzz_worker.py EXAMPLES_PER_TARGET [TARGET ...]   (seed: random unless given;
+                                                                                      targets: all unless named)
+    python tests/fuzz_worker.py --list        (each target and the schema ops it calls)
+
+The seed is printed first; the same seed and the same number of examples replay the same inputs.
 
 Random shapes (empty ones included), layouts (contiguous, transposed, huge-stride and stride-0
 views), dtypes, the meta device, and values with NaN, +-Inf, subnormals and +-0. At most one
@@ -28,7 +32,8 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fp8mp  # noqa: E402
-from fp8_reference import FP8_DTYPES, FP8_MAX, is_nan_code, saturate  # noqa: E402
+from blockwise_reference import block_gemm_reference, deepseek_quantize  # noqa: E402
+from fp8_reference import FP8_DTYPES, FP8_MAX, dbias_reference, is_nan_code, saturate  # noqa: E402
 
 ops = torch.ops.fp8mp
 HIGH = [torch.float32, torch.bfloat16, torch.float16]
@@ -119,6 +124,11 @@ def assert_codes(got: torch.Tensor, want: torch.Tensor, fmt: str) -> None:
     assert torch.equal(got[~nan], want[~nan]), f"codes differ: {got.tolist()} vs {want.tolist()}"
 
 
+def assert_equal_nan(got: torch.Tensor, want: torch.Tensor) -> None:
+    """NaN where want has NaN, bit-equal values elsewhere."""
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
 def same_float(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
@@ -133,14 +143,17 @@ def assert_close64(got: torch.Tensor, want64: torch.Tensor, tol64: torch.Tensor)
 
 
 # ----------------------------------------------------------------------------- ops
-EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 100
 SEED = int(os.environ.get("FP8MP_FUZZ_SEED", random.randrange(1 << 32)))  # printed first: a run can be replayed
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
-@seed(SEED)
-@SETTINGS
-@given(st.data())
+def fuzz_target(test):
+    """A hypothesis test of `test(data)` with this run's seed and settings."""
+    return seed(SEED)(SETTINGS(given(st.data())(test)))
+
+
+@fuzz_target
 def fuzz_cast(data):
     draw = data.draw
     shape = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
@@ -177,9 +190,7 @@ def fuzz_cast(data):
         assert y_t.is_contiguous() and torch.equal(y_t.view(torch.uint8), y.view(torch.uint8).t())
 
 
-@seed(SEED)
-@SETTINGS
-@given(st.data())
+@fuzz_target
 def fuzz_cast_from_fp8(data):
     draw = data.draw
     shape = draw(st.lists(st.integers(0, 5), min_size=1, max_size=3))
@@ -197,12 +208,10 @@ def fuzz_cast_from_fp8(data):
         return
     want = (y.float() * scale_inv).to(out_dtype)  # torch decodes float8 exactly; one fp32 product, one rounding
     assert out.dtype == out_dtype and out.shape == y.shape
-    assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out[~out.isnan()], want[~want.isnan()])
+    assert_equal_nan(out, want)
 
 
-@seed(SEED)
-@SETTINGS
-@given(st.data())
+@fuzz_target
 def fuzz_gemm(data):
     draw = data.draw
     m, k, n = draw(st.integers(0, 9)), draw(st.integers(0, 20)), draw(st.integers(0, 9))
@@ -240,9 +249,7 @@ def fuzz_gemm(data):
     assert_close64(out, want, tol)
 
 
-@seed(SEED)
-@SETTINGS
-@given(st.data())
+@fuzz_target
 def fuzz_norm(data):
     draw = data.draw
     rows, hidden = draw(st.lists(st.integers(0, 3), min_size=0, max_size=2)), draw(st.integers(1, 9))
@@ -289,9 +296,7 @@ def fuzz_norm(data):
                        tol + 0.125 * want.abs().nan_to_num(0, 0, 0) + 2.0**-9 / float(args["scale"]))
 
 
-@seed(SEED)
-@SETTINGS
-@given(st.data())
+@fuzz_target
 def fuzz_scale_update(data):
     draw = data.draw
     t, h = draw(st.integers(0, 4)), draw(st.integers(1, 4))
@@ -316,48 +321,357 @@ def fuzz_scale_update(data):
     assert torch.equal(args["scale"], want) and torch.equal(args["scale_inv"], 1 / want)
 
 
+@fuzz_target
+def fuzz_cast_dbias(data):
+    draw = data.draw
+    rows, cols = draw(st.integers(0, 70)), draw(st.integers(0, 6))
+    dtype, fmt = draw(st.sampled_from(HIGH)), draw(st.sampled_from(["e4m3", "e5m2"]))
+    x = draw(laid_out(draw(floats_tensor([rows, cols], dtype, finite_max=None if draw(st.booleans()) else 1e4))))
+    scale = scalar(draw(st.sampled_from([1.0, 0.5, 2.0**-10, 2.0**20, 3.7])))
+    args = {"x": x, "scale": scale, "amax": torch.full((1,), -1.0), "fmt": fmt}
+    bad = corrupt(draw, args, {"x": [x.to(torch.float64), x.reshape(1, rows, cols)], "scale": [scale.double(), torch.ones(2)],
+                               "amax": [torch.zeros(2)], "fmt": ["e3m4"]})
+    meta = bad is None and draw(st.booleans())
+    if meta:
+        args = dict(zip(args, to_meta(args.values())))
+    out = call("cast_to_fp8_transpose_dbias", lambda **kw: ops.cast_to_fp8_transpose_dbias(*kw.values()), args, bad)
+    if out is None:
+        return
+    y, y_t, dbias = out
+    assert y.shape == x.shape and y_t.shape == (cols, rows) and dbias.shape == (cols,) and dbias.dtype == torch.float32
+    if meta:
+        return
+    codes, amax = cast_reference(x, scale, fmt)
+    assert_codes(y, codes, fmt)
+    assert same_float(args["amax"].item(), amax)
+    assert torch.equal(y_t.view(torch.uint8), y.view(torch.uint8).t())
+    want = torch.from_numpy(dbias_reference(x))  # the documented order of the fp32 sums
+    assert_equal_nan(dbias, want)
+
+
+@fuzz_target
+def fuzz_norm_bwd(data):
+    draw = data.draw
+    rows, hidden = draw(st.integers(0, 5)), draw(st.integers(1, 9))
+    dtype, rms, zc = draw(st.sampled_from(HIGH)), draw(st.booleans()), draw(st.booleans())
+    x = draw(laid_out(draw(floats_tensor([rows, hidden], dtype, finite_max=1e2))))
+    go = draw(floats_tensor([rows, hidden], dtype, finite_max=1e2))
+    weight = draw(floats_tensor([hidden], dtype, finite_max=4.0)) if draw(st.booleans()) else None
+    eps = draw(st.sampled_from([1e-5, 0.5]))
+    if rms:
+        _, rstd = ops.rmsnorm_fwd(x, weight, eps, zc)
+        args = {"grad_out": go, "x": x, "rstd": rstd, "weight": weight, "zero_centered_gamma": zc}
+    else:
+        _, mean, rstd = ops.layernorm_fwd(x, weight, None, eps, zc)
+        args = {"grad_out": go, "x": x, "mean": mean, "rstd": rstd, "weight": weight, "zero_centered_gamma": zc}
+    candidates = {"grad_out": [go[:, :-1] if hidden > 1 else go.reshape(rows, 1, 1), go.double()],
+                  "rstd": [rstd.reshape(rows, 1)[:0] if rows else torch.zeros(3), rstd.double()],
+                  "weight": [torch.ones(hidden + 1, dtype=dtype)]}
+    if not rms:
+        candidates["mean"] = [torch.zeros(rows + 1)]
+    bad = corrupt(draw, args, candidates)
+    name = "rmsnorm_bwd" if rms else "layernorm_bwd"
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call(name, lambda **kw: getattr(ops, name)(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    assert out[0].shape == x.shape and out[0].dtype == dtype
+    if meta:
+        return
+    x64 = x.double().requires_grad_()
+    w64 = weight.double().requires_grad_() if weight is not None else None
+    g64 = None if w64 is None else (w64 + 1 if zc else w64)
+    want = F.rms_norm(x64, (hidden,), g64, eps) if rms else F.layer_norm(x64, (hidden,), g64, None, eps)
+    grads = torch.autograd.grad(want, [t for t in (x64, w64) if t is not None], go.double())
+    # Each gradient is a sum over terms of size |go| |g| rstd (1 + |xhat|)^2; fp32 statistics and x's dtype's
+    # rounding of the result leave a relative error of a few of that dtype's eps on that scale.
+    rstd64 = 1 / (x64.detach().var(-1, unbiased=False, keepdim=True) + eps).sqrt() if not rms else \
+        1 / ((x64.detach() ** 2).mean(-1, keepdim=True) + eps).sqrt()
+    gmax = 1.0 if g64 is None else g64.detach().abs().max().item()
+    xhat = (x64.detach() * rstd64).abs().max().item() if x.numel() else 0.0
+    term = (go.double().abs().max().item() if go.numel() else 0.0) * gmax * (rstd64.max().item() if rows else 0.0) * (1 + xhat) ** 2
+    tol = 16 * hidden * torch.finfo(dtype).eps * term + 1e-6
+    assert (out[0].double() - grads[0]).abs().max().item() <= tol if x.numel() else True, "grad_x"
+    if weight is not None:
+        tol_w = 16 * max(rows, 1) * torch.finfo(dtype).eps * (go.double().abs().sum(0) * (1 + xhat)).max().item() + 1e-6
+        assert out[1].shape == weight.shape and (out[1].double() - grads[1]).abs().max().item() <= tol_w, "grad_weight"
+
+
+def finite_codes(draw, shape, fmt) -> torch.Tensor:
+    """FP8 codes of `shape` in fmt, NaN (and E5M2's Inf) codes replaced by zero."""
+    n = math.prod(shape)
+    codes = torch.tensor(draw(st.lists(st.integers(0, 255), min_size=n, max_size=n)), dtype=torch.uint8).reshape(shape)
+    exponent_ones = (codes & 0x7F) >= (0x7F if fmt == "e4m3" else 0x7C)
+    return torch.where(exponent_ones, torch.zeros_like(codes), codes).view(FP8_DTYPES[fmt])
+
+
+BLOCK_MODES = ["fp32", "pow2", "e8m0_floor", "e8m0_rceil"]
+
+
+@fuzz_target
+def fuzz_block_quantize(data):
+    draw = data.draw
+    mode = draw(st.sampled_from(BLOCK_MODES))
+    if mode.startswith("e8m0"):  # torchao's MX reference: 1 x 32 blocks along rows of a multiple of 32
+        rows, cols, blocks = draw(st.integers(0, 4)), 32 * draw(st.integers(1, 2)), (1, 32)
+    else:
+        rows, cols = draw(st.integers(0, 9)), draw(st.integers(1, 9))
+        blocks = (draw(st.integers(1, 4)), draw(st.integers(1, 5)))
+    # torchao's to_mx takes float32 and bfloat16 only
+    dtype = draw(st.sampled_from(HIGH[:2] if mode.startswith("e8m0") else HIGH))
+    fmt = draw(st.sampled_from(["e4m3", "e5m2"]))
+    x = draw(laid_out(draw(floats_tensor([rows, cols], dtype, finite_max=1e4))))
+    args = {"x": x, "block_rows": blocks[0], "block_cols": blocks[1], "fmt": fmt, "scale_mode": mode}
+    bad = corrupt(draw, args, {"x": [x.reshape(1, rows, cols), x.to(torch.float64)], "block_rows": [0, -3],
+                               "block_cols": [0], "fmt": ["e3m4"], "scale_mode": ["e8m0", "fp16"]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("block_quantize", lambda **kw: ops.block_quantize(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    data_q, scale_inv = out
+    tiles = (-(-rows // blocks[0]), -(-cols // blocks[1]))
+    assert data_q.shape == x.shape and data_q.dtype == FP8_DTYPES[fmt] and scale_inv.shape == tiles
+    assert scale_inv.dtype == (torch.float8_e8m0fnu if mode.startswith("e8m0") else torch.float32)
+    if meta:
+        return
+    if mode.startswith("e8m0"):
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        if rows == 0:
+            return
+        ref_scale, ref_data = to_mx(x.contiguous(), FP8_DTYPES[fmt], 32, ScaleCalculationMode(mode.removeprefix("e8m0_")))
+        assert torch.equal(scale_inv.view(torch.uint8), ref_scale.view(torch.uint8).reshape(tiles))
+    else:
+        ref_data, ref_scale_inv = deepseek_quantize(x, *blocks, FP8_DTYPES[fmt], mode == "pow2")
+        assert torch.equal(scale_inv, ref_scale_inv), (scale_inv, ref_scale_inv)
+    assert torch.equal(data_q.view(torch.uint8), ref_data.view(torch.uint8))
+
+
+@fuzz_target
+def fuzz_block_quantize_transpose(data):
+    """Bit for bit the two block_quantize calls (whose own values fuzz_block_quantize checks against references)."""
+    draw = data.draw
+    rows, cols = draw(st.integers(0, 9)), draw(st.integers(0, 9))
+    row_block, col_block = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    dtype, fmt, mode = draw(st.sampled_from(HIGH)), draw(st.sampled_from(["e4m3", "e5m2"])), draw(st.sampled_from(BLOCK_MODES))
+    x = draw(laid_out(draw(floats_tensor([rows, cols], dtype))))
+    args = {"x": x, "row_block": row_block, "col_block": col_block, "fmt": fmt, "scale_mode": mode}
+    bad = corrupt(draw, args, {"x": [x.reshape(1, rows, cols)], "row_block": [0], "col_block": [-1], "fmt": ["fp8"],
+                               "scale_mode": [""]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("block_quantize_transpose", lambda **kw: ops.block_quantize_transpose(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    want = (*ops.block_quantize(x, 1, row_block, fmt, mode), *ops.block_quantize(x.t(), 1, col_block, fmt, mode))
+    for got, expected in zip(out, want):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        if not meta:
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+
+
+@fuzz_target
+def fuzz_norm_fwd_block_fp8(data):
+    """The four outputs are block_quantize_transpose of the norm output (the documented contract), mean and rstd
+    layernorm_fwd's / rmsnorm_fwd's (both checked against float64 by fuzz_norm)."""
+    draw = data.draw
+    rows, hidden = draw(st.integers(0, 6)), draw(st.integers(1, 9))
+    dtype, is_layernorm, zc = draw(st.sampled_from(HIGH)), draw(st.booleans()), draw(st.booleans())
+    x = draw(laid_out(draw(floats_tensor([rows, hidden], dtype, finite_max=1e3))))
+    weight = draw(floats_tensor([hidden], dtype, finite_max=4.0)) if draw(st.booleans()) else None
+    bias = draw(floats_tensor([hidden], dtype, finite_max=4.0)) if is_layernorm and draw(st.booleans()) else None
+    row_block, col_block = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    fmt, mode, eps = draw(st.sampled_from(["e4m3", "e5m2"])), draw(st.sampled_from(BLOCK_MODES)), draw(st.sampled_from([1e-5, 0.5]))
+    args = {"x": x, "weight": weight, "bias": bias, "eps": eps, "is_layernorm": is_layernorm, "zero_centered_gamma": zc,
+            "row_block": row_block, "col_block": col_block, "fmt": fmt, "scale_mode": mode}
+    bad = corrupt(draw, args, {"x": [x.reshape(1, rows, hidden), x.double()], "weight": [torch.ones(hidden + 1, dtype=dtype)],
+                               "eps": [0.0, math.nan], "row_block": [0], "fmt": ["e5m3"], "scale_mode": ["x"]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("norm_fwd_block_fp8", lambda **kw: ops.norm_fwd_block_fp8(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    if is_layernorm:
+        y, mean, rstd = ops.layernorm_fwd(x, weight, bias, eps, zc)
+    else:
+        (y, rstd), mean = ops.rmsnorm_fwd(x, weight, eps, zc), torch.zeros(0)
+    want = (*ops.block_quantize_transpose(y, row_block, col_block, fmt, mode), mean, rstd)
+    for got, expected in zip(out, want):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        if not meta:
+            assert torch.equal(got.view(torch.uint8) if got.element_size() == 1 else got, expected.view(torch.uint8)
+                               if expected.element_size() == 1 else expected)
+
+
+@fuzz_target
+def fuzz_block_scaled_gemm(data):
+    draw = data.draw
+    m, n, k = draw(st.integers(0, 7)), draw(st.integers(0, 7)), draw(st.integers(0, 20))
+    a_rows, b_rows, block_k = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 8))
+    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
+    e8m0, out_dtype = draw(st.booleans()), draw(st.sampled_from(HIGH))
+    chunks = -(-k // block_k)
+
+    def scales(rows):
+        exps = draw(st.lists(st.integers(-12, 6), min_size=rows * chunks, max_size=rows * chunks))
+        s = torch.tensor([2.0**e for e in exps], dtype=torch.float32).reshape(rows, chunks)
+        return s.to(torch.float8_e8m0fnu) if e8m0 else s * draw(st.sampled_from([1.0, 1.5, 0.75]))
+
+    a, b = draw(laid_out(finite_codes(draw, [m, k], fa))), draw(laid_out(finite_codes(draw, [n, k], fb)))
+    sa, sb = scales(-(-m // a_rows)), scales(-(-n // b_rows))
+    bias = draw(floats_tensor([n], out_dtype, finite_max=1e3)) if draw(st.booleans()) else None
+    args = {"a": a, "a_scale_inv": sa, "b": b, "b_scale_inv": sb, "a_block_rows": a_rows, "b_block_rows": b_rows,
+            "block_k": block_k, "bias": bias, "out_dtype": out_dtype}
+    bad = corrupt(draw, args, {"a": [a.float()], "b": [torch.zeros(n, k + 1, dtype=FP8_DTYPES[fb])],
+                               "a_scale_inv": [torch.ones(sa.shape[0] + 1, chunks)], "b_scale_inv": [sb.double()],
+                               "block_k": [0], "a_block_rows": [0], "bias": [torch.zeros(n + 1, dtype=out_dtype)],
+                               "out_dtype": [torch.int32]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("block_scaled_gemm", lambda **kw: ops.block_scaled_gemm(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    if meta:
+        return
+    want = block_gemm_reference(a, sa, b, sb, a_rows, b_rows, block_k, bias, torch.float32).double()
+    sa_rows = sa.float().double().repeat_interleave(a_rows, 0)[:m]
+    sb_rows = sb.float().double().repeat_interleave(b_rows, 0)[:n]
+    abs_sum = torch.zeros(m, n, dtype=torch.float64)
+    for c, k0 in enumerate(range(0, k, block_k)):
+        part = a.float().double()[:, k0:k0 + block_k].abs() @ b.float().double()[:, k0:k0 + block_k].abs().T
+        abs_sum += part * (sa_rows[:, c:c + 1] * sb_rows[:, c].unsqueeze(0))
+    info = torch.finfo(out_dtype)
+    tol = info.eps * want.abs() + 1e-5 * abs_sum + info.tiny
+    assert_close64(out, want.to(out_dtype).double() if out_dtype != torch.float32 else want, tol + info.eps * want.abs())
+
+
 # ----------------------------------------------------------------------------- modules
-@seed(SEED)
-@SETTINGS
-@given(st.data())
+def cast64(t: torch.Tensor) -> torch.Tensor:
+    """Current scaling from scratch, in float64: scale = 448 / amax where that is finite and > 0 (else 1), E4M3."""
+    amax = t.float().abs().max() if t.numel() else torch.tensor(0.0)
+    s = 448.0 / amax if bool(amax.isfinite() & (amax > 0) & (448.0 / amax).isfinite() & (448.0 / amax > 0)) else torch.tensor(1.0)
+    return saturate(t.float() * s, "e4m3").to(torch.float8_e4m3fn).float().double() / s.double()
+
+
+def fp8_linear64(x: torch.Tensor, weight64: torch.Tensor, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, tolerance) of an FP8 linear with x cast by current scaling and weight64 [out, in] already decoded."""
+    x64 = cast64(x).reshape(-1, x.shape[-1])
+    out = x64 @ weight64.t() + (bias.double() if bias is not None else 0.0)
+    tol = 1e-5 * (x64.abs() @ weight64.abs().t()) + 1e-6 + 1e-6 * out.abs().nan_to_num(0, 0, 0)
+    shape = (*x.shape[:-1], weight64.shape[0])
+    return out.reshape(shape).float().double(), tol.reshape(shape)
+
+
+MODULE_KINDS = ["linear", "conv1d", "layernorm", "rmsnorm", "layernorm_linear", "lora", "fp8_weight_linear"]
+
+
+def build_module(kind: str, in_f: int, out_f: int) -> torch.nn.Module:
+    if kind == "linear":
+        return fp8mp.nn.Linear(in_f, out_f)
+    if kind == "conv1d":
+        return fp8mp.nn.Conv1D(out_f, in_f)
+    if kind == "layernorm":
+        return fp8mp.nn.LayerNorm(in_f)
+    if kind == "rmsnorm":
+        return fp8mp.nn.RMSNorm(in_f)
+    if kind == "layernorm_linear":
+        module = fp8mp.nn.LayerNormLinear(in_f, out_f, normalization=random.choice(["LayerNorm", "RMSNorm"]))
+        torch.nn.init.normal_(module.norm.weight, 1.0, 0.5)
+        return module
+    if kind == "lora":
+        module = fp8mp.nn.LoRALinear(fp8mp.nn.Linear(in_f, out_f), rank=4, alpha=8.0)
+        torch.nn.init.normal_(module.lora_B)  # zero at initialization: the update would add nothing
+        return module
+    module = fp8mp.nn.Linear(in_f, out_f, fp8_weight=True)
+    module.freeze_weight()
+    return module
+
+
+def module_reference(kind: str, module, x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 out, tolerance) of `module` on x from its parameters: plain float64 math, or in FP8 each GEMM
+    operand cast by current scaling from scratch (fp8mp's norm output, checked against float64 by the norm
+    kinds, feeds LayerNormLinear's linear)."""
+    if kind in ("layernorm", "rmsnorm"):
+        x64 = x.double()
+        want = (F.layer_norm(x64, x.shape[-1:], module.weight.double(), module.bias.double(), module.eps) if kind == "layernorm"
+                else F.rms_norm(x64, x.shape[-1:], module.weight.double(), module.eps))
+        return want, 1e-5 * want.abs().nan_to_num(0, 0, 0) + 1e-5
+    if kind == "layernorm_linear":
+        return module_reference("linear", module.linear, module.norm(x), fp8)
+    if kind == "lora":
+        base, base_tol = module_reference("linear", module.base, x, fp8)
+        update = (x.double() @ module.lora_A.double().t() @ module.lora_B.double().t()) * module.scaling
+        return base + update, base_tol + 1e-5 * (x.double().abs() @ module.lora_A.double().abs().t()
+                                                 @ module.lora_B.double().abs().t()) * module.scaling + 1e-6
+    if kind == "fp8_weight_linear":  # the stored FP8 weight, decoded exactly
+        weight64 = module.weight_fp8.float().double() * module.weight_scale_inv.double()
+        if fp8:
+            return fp8_linear64(x, weight64, module.bias)
+        out = x.double() @ weight64.float().double().t() + module.bias.double()
+        return out, 1e-5 * (x.double().abs() @ weight64.abs().t()) + 1e-6
+    weight = module.weight if kind == "linear" else module.weight.t()  # Conv1D's weight is [in, out]
+    if fp8:
+        return fp8_linear64(x, cast64(weight), module.bias)
+    out = x.double() @ weight.double().t() + module.bias.double()
+    return out, 1e-5 * (x.double().abs() @ weight.double().abs().t()) + 1e-6 + 1e-6 * out.abs().nan_to_num(0, 0, 0)
+
+
+@fuzz_target
 def fuzz_modules(data):
     draw = data.draw
     in_f, out_f = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 48]))
+    kind = draw(st.sampled_from(MODULE_KINDS))
     torch.manual_seed(draw(st.integers(0, 3)))
-    kind = draw(st.sampled_from(["linear", "layernorm", "rmsnorm"]))
-    module = {"linear": lambda: fp8mp.nn.Linear(in_f, out_f), "layernorm": lambda: fp8mp.nn.LayerNorm(in_f),
-              "rmsnorm": lambda: fp8mp.nn.RMSNorm(in_f)}[kind]()
+    random.seed(draw(st.integers(0, 3)))
+    module = build_module(kind, in_f, out_f)
     rows = draw(st.lists(st.integers(0, 4), min_size=1, max_size=2))
     x = draw(laid_out(draw(floats_tensor([*rows, in_f], torch.float32, finite_max=1e3))))
-    if draw(st.booleans()) and x.numel() and kind == "linear":
+    if draw(st.booleans()) and x.numel() and kind in ("linear", "conv1d", "fp8_weight_linear"):
         x = x.clone(memory_format=torch.contiguous_format)
         x.view(-1)[0] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
-    fp8 = kind == "linear" and draw(st.booleans())
+    fp8 = kind not in ("layernorm", "rmsnorm") and draw(st.booleans())
+    meta = draw(st.booleans()) and kind != "fp8_weight_linear"  # the whole module on the meta device: shapes only
     args = {"input": x}
     # Bad inputs in FP8, where fp8mp checks them (outside FP8 a Linear is torch's F.linear, with torch's errors).
-    bad = corrupt(draw, args, {"input": [x[..., :-1], x.to(torch.int64), x.to("meta")]}) if fp8 else None
+    bad = corrupt(draw, args, {"input": [x[..., :-1], x.to(torch.int64)]}) if fp8 and not meta else None
     recipe = fp8mp.recipe.CurrentScaling(fp8_format=fp8mp.recipe.Format.E4M3)
+    if meta:
+        module, args = module.to("meta"), {"input": x.to("meta")}
     with fp8mp.fp8_autocast(enabled=fp8, fp8_recipe=recipe), torch.no_grad():
-        out = call(kind + (" in fp8" if fp8 else ""), module, args, bad)
+        out = call(kind + (" in fp8" if fp8 else "") + (" on meta" if meta else ""), module, args, bad)
     if out is None:
         return
-    if kind != "linear":
-        want = (F.layer_norm(x.double(), (in_f,), module.weight.double(), module.bias.double(), module.eps) if kind == "layernorm"
-                else F.rms_norm(x.double(), (in_f,), module.weight.double(), module.eps))
-        assert_close64(out, want, 1e-5 * want.abs().nan_to_num(0, 0, 0) + 1e-5)
+    out_features = in_f if kind in ("layernorm", "rmsnorm") else out_f
+    assert out.shape == (*x.shape[:-1], out_features) and out.dtype == torch.float32
+    if meta:
+        assert out.device.type == "meta"
         return
-    if not fp8:
+    if kind == "linear" and not fp8:
         torch.testing.assert_close(out, F.linear(x, module.weight, module.bias), rtol=0, atol=0, equal_nan=True)  # exactly nn.Linear
         return
-    # Current scaling from scratch: scale = 448 / amax where amax is finite and > 0, else the initial 1.
-    def cast64(t):
-        amax = t.float().abs().max() if t.numel() else torch.tensor(0.0)
-        s = 448.0 / amax if bool(amax.isfinite() & (amax > 0) & (448.0 / amax).isfinite() & (448.0 / amax > 0)) else torch.tensor(1.0)
-        return saturate(t.float() * s, "e4m3").to(torch.float8_e4m3fn).float().double() / s.double()
-    want = cast64(x).reshape(-1, in_f) @ cast64(module.weight).t() + module.bias.double()
-    want = want.reshape(*x.shape[:-1], out_f).float().double()
-    assert_close64(out, want, 1e-5 * (cast64(x).abs().reshape(-1, in_f) @ cast64(module.weight).abs().t()
-                                       ).reshape(want.shape) + 1e-6 + 1e-6 * want.abs().nan_to_num(0, 0, 0))
+    with torch.no_grad():
+        want, tol = module_reference(kind, module, x, fp8)
+    assert_close64(out, want, tol)
+
+
+# name -> (target, the schema ops it calls)
+TARGETS = {
+    "cast": (fuzz_cast, {"cast_to_fp8", "cast_to_fp8_transpose"}),
+    "cast_dbias": (fuzz_cast_dbias, {"cast_to_fp8_transpose_dbias"}),
+    "cast_from_fp8": (fuzz_cast_from_fp8, {"cast_from_fp8"}),
+    "gemm": (fuzz_gemm, {"fp8_gemm"}),
+    "norm": (fuzz_norm, {"layernorm_fwd", "layernorm_fwd_fp8", "rmsnorm_fwd", "rmsnorm_fwd_fp8"}),
+    "norm_bwd": (fuzz_norm_bwd, {"layernorm_bwd", "rmsnorm_bwd"}),
+    "scale_update": (fuzz_scale_update, {"update_amax_history_and_scale"}),
+    "block_quantize": (fuzz_block_quantize, {"block_quantize"}),
+    "block_quantize_transpose": (fuzz_block_quantize_transpose, {"block_quantize_transpose"}),
+    "norm_fwd_block_fp8": (fuzz_norm_fwd_block_fp8, {"norm_fwd_block_fp8"}),
+    "block_scaled_gemm": (fuzz_block_scaled_gemm, {"block_scaled_gemm"}),
+    "modules": (fuzz_modules, set()),
+}
 
 
 def crash() -> None:
@@ -367,11 +681,16 @@ def crash() -> None:
 
 
 if __name__ == "__main__":
+    if "--list" in sys.argv:
+        for name, (_, covered) in TARGETS.items():
+            print(name, *sorted(covered))
+        sys.exit(0)
     torch.set_num_threads(1)
     print("SEED", SEED, flush=True)
     if "--crash" in sys.argv:
         crash()
-    for target in (fuzz_cast, fuzz_cast_from_fp8, fuzz_gemm, fuzz_norm, fuzz_scale_update, fuzz_modules):
-        print("TARGET", target.__name__, flush=True)
-        target()
+    chosen = [a for a in sys.argv[2:] if not a.startswith("--")] or list(TARGETS)
+    for name in chosen:
+        print("TARGET", name, flush=True)
+        TARGETS[name][0]()
     print("DONE", flush=True)

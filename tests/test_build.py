@@ -52,15 +52,43 @@ def test_the_libraries_are_abi3_and_target_torch_2_11():
     assert tuple(_build_info.TORCH_TARGET) == (2, 11)
 
 
-@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+# A C++ name in one of torch's namespaces, demangled: every nested name (plain, const or volatile member
+# functions: _ZN, _ZNK, _ZNV), every template argument and every parameter type shows its namespace there.
+TORCH_CPP_NAMESPACE = re.compile(r"(?<![\w:])(c10|at|torch|caffe2)::")
+
+
+def torch_cpp_symbols(symbols: list[str]) -> list[str]:
+    """The symbols among `symbols` (mangled) that name something of torch's C++ ABI, demangled by c++filt."""
+    demangled = subprocess.run(["c++filt"], input="\n".join(symbols), capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    return [d for d in demangled if TORCH_CPP_NAMESPACE.search(d)]
+
+
+needs_binutils = pytest.mark.skipif(shutil.which("nm") is None or shutil.which("c++filt") is None,
+                                    reason="needs binutils' nm and c++filt")
+
+
+@needs_binutils
+def test_the_torch_cpp_symbol_check_sees_every_kind_of_name():
+    caught = ["_ZN2at6TensorD1Ev", "_ZNK2at10TensorBase4sizeEl", "_ZNK3c1010TensorImpl5sizesEv",
+              "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs", "_ZNV3c106Device5indexEv",
+              "_ZN6caffe28TypeMeta21_typeMetaDataInstanceIfEEPKNS_6detail12TypeMetaDataEv",
+              "_ZN5torch8autograd8VariableC1Ev", "_Z3fooRKN2at6TensorE", "_ZNSt6vectorIN2at6TensorESaIS1_EED1Ev"]
+    kept = ["aoti_torch_empty_strided", "torch_call_dispatcher", "sgemm_", "_ZNSt6vectorIiSaIiEED1Ev",
+            "_ZN5fp8mp3cpu12cpu_featuresEv", "_ZTVN10__cxxabiv117__class_type_infoE"]
+    assert len(torch_cpp_symbols(caught)) == len(caught)
+    assert torch_cpp_symbols(kept) == []
+
+
+@needs_binutils
 @pytest.mark.parametrize("library", libraries(), ids=os.path.basename)
 def test_the_libraries_use_only_the_stable_c_shim_of_torch(library):
     undefined = subprocess.run(["nm", "-D", "--undefined-only", library], capture_output=True, text=True,
                                check=True).stdout.split()
-    # Itanium-mangled C++ names of torch's namespaces: c10::, at::, torch:: (N3c10, N2at, N5torch).
-    torch_cpp = [s for s in undefined if re.search(r"N3c10|N2at|N5torch|_ZN3c10|_ZN2at|_ZN5torch", s)]
+    symbols = [s.split("@")[0] for s in undefined if s not in ("U", "w", "v")]
+    torch_cpp = torch_cpp_symbols(symbols)
     assert not torch_cpp, f"{library} links torch's C++ ABI: {torch_cpp[:5]}"
-    assert any(s.startswith(("aoti_torch_", "torch_")) for s in undefined)
+    assert any(s.startswith(("aoti_torch_", "torch_")) for s in symbols)
 
 
 def archs_of(arch_list: str) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ from fp8mp.nn.norm_linear_function import norm_block_fp8_linear, norm_fp8_linear
 from fp8mp.scaling.fp8_meta import GRAD, INPUT
 from fp8mp.scaling.recipe import BlockScaling, MXFP8Scaling
 from fp8mp.nn.linear import Linear
-from fp8mp.nn.normalization import LayerNorm, RMSNorm
+from fp8mp.nn.normalization import LayerNorm, RMSNorm, check_eps
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
@@ -37,13 +37,12 @@ class LayerNormLinear(torch.nn.Module):
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"fp8mp.nn.LayerNormLinear: argument 'normalization' must be one of {NORMALIZATIONS}, "
                              f"got {normalization!r}")
-        if not (isinstance(eps, (int, float)) and eps > 0):
-            raise ValueError(f"fp8mp.nn.LayerNormLinear: argument 'eps' must be a positive number, got {eps!r}")
+        eps = check_eps(eps, "fp8mp.nn.LayerNormLinear")
         factory = dict(device=device, dtype=dtype)
         norm_cls = LayerNorm if normalization == "LayerNorm" else RMSNorm
         self.norm = norm_cls(in_features, eps=eps, zero_centered_gamma=zero_centered_gamma, **factory)
         self.linear = Linear(in_features, out_features, bias=bias, **factory)
-        self.eps = float(eps)
+        self.eps = eps
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         linear = self.linear

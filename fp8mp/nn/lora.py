@@ -82,8 +82,9 @@ class LoRALinear(torch.nn.Module):
         return self.base.out_features
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        base = self.base(input)  # first: in FP8 the base checks the input and names it in its error
         update = F.linear(F.linear(input, self.lora_A.to(input.dtype)), self.lora_B.to(input.dtype))
-        return self.base(input) + update * self.scaling
+        return base + update * self.scaling
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha}"

@@ -16,6 +16,8 @@ Same constructor arguments, parameters and state_dict keys (``weight``,
 """
 from __future__ import annotations
 
+import ctypes
+import math
 import numbers
 from typing import Optional, Union
 
@@ -43,6 +45,19 @@ def _last_dim_shape(normalized_shape: _ShapeArg, cls: str) -> tuple[int]:
     if shape[0] <= 0:
         raise ValueError(f"{cls}: normalized_shape must be positive, got {shape}")
     return shape
+
+
+def check_eps(eps, cls: str) -> float:
+    """`eps` as a float, or an error naming it (TypeError: not a real number, or a bool; ValueError: not
+    finite and > 0 as a float32, the precision the norm kernels add it in). csrc/norm/norm_checks.cpp refuses the non-finite ones
+    at the first forward but takes True as 1.0; refusing at construction names the module and keeps a bad
+    value out of its state."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{cls}: argument 'eps' must be a real number, got {eps!r} of type {type(eps).__name__}")
+    as_float32 = ctypes.c_float(float(eps)).value
+    if not (math.isfinite(as_float32) and as_float32 > 0.0):
+        raise ValueError(f"{cls}: argument 'eps' must be > 0 and finite (as a float32), got {eps!r}")
+    return float(eps)
 
 
 def _check_input(x: torch.Tensor, normalized_shape: tuple[int], cls: str) -> None:
@@ -83,7 +98,7 @@ class LayerNorm(nn.Module):
     ) -> None:
         super().__init__()
         self.normalized_shape = _last_dim_shape(normalized_shape, "LayerNorm")
-        self.eps = eps
+        self.eps = check_eps(eps, "LayerNorm")
         self.elementwise_affine = elementwise_affine
         self.zero_centered_gamma = zero_centered_gamma
         factory = {"device": device, "dtype": dtype}
@@ -152,7 +167,7 @@ class RMSNorm(nn.Module):
     ) -> None:
         super().__init__()
         self.normalized_shape = _last_dim_shape(normalized_shape, "RMSNorm")
-        self.eps = eps
+        self.eps = None if eps is None else check_eps(eps, "RMSNorm")
         self.elementwise_affine = elementwise_affine
         self.zero_centered_gamma = zero_centered_gamma
         if elementwise_affine:

@@ -14,6 +14,8 @@ def output_dtype(x: torch.Tensor) -> torch.dtype:
     rounding, no bf16 copy) and its gradient has its own dtype, as autograd requires.
     """
     device_type = x.device.type
+    if device_type == "meta":  # torch.autocast has no meta device (is_autocast_enabled("meta") raises)
+        return x.dtype
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return x.dtype

@@ -1,6 +1,7 @@
 """fp8mp with transformers models built from configs (CPU, no downloads): convert, save_pretrained, prepare."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -131,3 +132,66 @@ def test_from_pretrained_bad_directory(tmp_path):
         hf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="holds no model.safetensors"):
         hf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path)
+
+
+def write_bin_checkpoint(safetensors_dir, directory, shards: int) -> None:
+    """The save_pretrained directory `safetensors_dir` rewritten as transformers' .bin layout (what
+    `save_pretrained(safe_serialization=False)` wrote before transformers 5): pytorch_model.bin, or `shards`
+    files pytorch_model-0000i-of-0000n.bin with pytorch_model.bin.index.json mapping each tensor to its file."""
+    directory.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        if (safetensors_dir / name).exists():
+            (directory / name).write_bytes((safetensors_dir / name).read_bytes())
+    state = safetensors_torch.load_file(safetensors_dir / "model.safetensors")
+    if shards == 1:
+        torch.save(state, directory / "pytorch_model.bin")
+        return
+    keys = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        name = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        part = keys[i::shards]
+        torch.save({k: state[k] for k in part}, directory / name)
+        weight_map.update(dict.fromkeys(part, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                        "weight_map": weight_map}))
+
+
+def assert_loads_bit_exactly(model, directory, caplog) -> None:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        loaded = hf.from_pretrained(transformers.AutoModelForCausalLM, directory)
+    assert "UNEXPECTED" not in caplog.text and "MISSING" not in caplog.text
+    assert hf.is_prepared(loaded) and fp8_module_names(loaded) == fp8_module_names(model)
+    assert_same_state(loaded, model)
+    model.eval(), loaded.eval()
+    ids = torch.randint(0, hf_models.VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shards", [1, 3], ids=["one_file", "sharded"])
+def test_from_pretrained_of_a_bin_checkpoint_restores_a_prepared_model_bit_exactly(tmp_path, family, shards, caplog):
+    model = hf.prepare(hf_models.build(family))
+    fp8_steps(model)
+    model.save_pretrained(tmp_path / "safetensors")
+    write_bin_checkpoint(tmp_path / "safetensors", tmp_path / "bin", shards)
+    # transformers itself reads the layout (its weights, FP8 state unused): the files are a real .bin checkpoint.
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bin")
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, model.state_dict()[key]), key
+    assert_loads_bit_exactly(model, tmp_path / "bin", caplog)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_from_pretrained_of_a_sharded_safetensors_checkpoint_restores_a_prepared_model_bit_exactly(tmp_path, family,
+                                                                                                    caplog):
+    model = hf.prepare(hf_models.build(family))
+    fp8_steps(model)
+    model.save_pretrained(tmp_path, max_shard_size="40KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1 and not (tmp_path / "model.safetensors").exists()
+    assert any(".fp8_meta." in key for key in index["weight_map"])  # the FP8 state is in the shards
+    assert_loads_bit_exactly(model, tmp_path, caplog)

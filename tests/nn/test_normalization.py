@@ -1,6 +1,8 @@
 """fp8mp.nn.LayerNorm / RMSNorm modules: state dicts, training like torch, FP8 output, compile, bad inputs."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -116,3 +118,30 @@ def test_module_bad_inputs():
         fnn.LayerNorm(8, eps=0.0)(torch.randn(3, 8))
     with pytest.raises(ValueError, match="'eps'"):
         fnn.RMSNorm(8, eps=-1e-6)(torch.randn(3, 8))
+
+
+BAD_EPS = [(True, TypeError), (False, TypeError), ("1e-5", TypeError), (torch.tensor(1e-5), TypeError),
+           (math.inf, ValueError), (-math.inf, ValueError), (math.nan, ValueError), (0, ValueError), (-1e-6, ValueError),
+           (1e-50, ValueError),  # 0 as a float32
+           (1e39, ValueError)]   # Inf as a float32
+EPS_MODULES = {"LayerNorm": lambda eps: fnn.LayerNorm(8, eps=eps), "RMSNorm": lambda eps: fnn.RMSNorm(8, eps=eps),
+               "LayerNormLinear": lambda eps: fnn.LayerNormLinear(8, 4, eps=eps),
+               "LayerNormLinear(RMSNorm)": lambda eps: fnn.LayerNormLinear(8, 4, eps=eps, normalization="RMSNorm")}
+
+
+@pytest.mark.parametrize("module", EPS_MODULES)
+@pytest.mark.parametrize(("eps", "error"), BAD_EPS, ids=[repr(e) for e, _ in BAD_EPS])
+def test_a_bad_eps_is_refused_at_construction_naming_it(module, eps, error):
+    with pytest.raises(error, match=f"{module.split('(')[0]}: argument 'eps' must be"):
+        EPS_MODULES[module](eps)
+
+
+@pytest.mark.parametrize("module", EPS_MODULES)
+def test_a_good_eps_is_kept_as_a_float(module):
+    import numpy as np
+
+    for eps in (1, 1e-5, np.float32(1e-6), 1e-45):  # 1e-45: the smallest float32 subnormal, still > 0
+        built = EPS_MODULES[module](eps)
+        assert type(built.eps) is float and built.eps == float(eps)
+    if module == "RMSNorm":
+        assert fnn.RMSNorm(8, eps=None).eps is None  # torch's default: finfo(input.dtype).eps

@@ -160,3 +160,129 @@ def test_a_copied_or_pickled_module_gets_its_own_lock():
     with clone.fp8_meta.lock():
         assert layer.fp8_meta._lock.acquire(blocking=False)
         layer.fp8_meta._lock.release()
+
+
+# ---------------------------------------------------------------------------------------- the module's lock
+class SpyLock:
+    """Stands in for an Fp8Meta's lock: records each attempt to take it (then takes the real one)."""
+
+    def __init__(self, real):
+        self.real, self.attempted = real, threading.Event()
+
+    def __enter__(self):
+        self.attempted.set()
+        return self.real.__enter__()
+
+    def __exit__(self, *exc):
+        return self.real.__exit__(*exc)
+
+
+def frozen_fp8_weight_linear(recipe):
+    """A Linear whose weight is stored in FP8 for `recipe`, frozen: it trains without a master weight (its
+    input still gets gradients)."""
+    with fp8mp.fp8_model_init(recipe=recipe):
+        layer = fp8mp.nn.Linear(32, 16)
+    layer.freeze_weight()
+    return layer
+
+
+# name -> a module built for a recipe (which only FP8-stored weights depend on)
+FP8_MODULES = {
+    "Linear": lambda recipe: fp8mp.nn.Linear(32, 16),
+    "Linear(fp8 weight)": frozen_fp8_weight_linear,
+    "Conv1D": lambda recipe: fp8mp.nn.Conv1D(16, 32),
+    "LayerNormLinear": lambda recipe: fp8mp.nn.LayerNormLinear(32, 16),
+    "LayerNormLinear(RMSNorm)": lambda recipe: fp8mp.nn.LayerNormLinear(32, 16, normalization="RMSNorm"),
+    "LoRALinear": lambda recipe: fp8mp.nn.LoRALinear(fp8mp.nn.Linear(32, 16), rank=4, alpha=8.0),
+    "LoRALinear(fp8 base)": lambda recipe: fp8mp.nn.LoRALinear(fp8mp.nn.Linear(32, 16), rank=4, alpha=8.0,
+                                                                fp8_base_weight=True, fp8_base_recipe=recipe),
+}
+PER_TENSOR = {"delayed": DelayedScaling, "current": CurrentScaling}
+FINE_GRAINED = {"rowwise": fp8mp.recipe.RowwiseScaling, "block": fp8mp.recipe.BlockScaling,
+                "mxfp8": fp8mp.recipe.MXFP8Scaling}
+
+
+def scaling_state(module):
+    """The Fp8Meta of the FP8 Linear (or Conv1D) inside `module`: the state its lock guards."""
+    metas = [m.fp8_meta for m in module.modules() if hasattr(m, "fp8_meta")]
+    assert len(metas) == 1, type(module).__name__
+    return metas[0]
+
+
+@pytest.fixture
+def spy_on_lock():
+    """spy(meta): put a SpyLock in place of `meta`'s lock (before the forward whose backward is to be watched:
+    the autograd functions keep the lock they got in forward); the real locks are put back afterwards."""
+    spied = []
+
+    def spy(meta) -> SpyLock:
+        spied.append((meta, meta._lock))
+        meta._lock = SpyLock(meta._lock)
+        return meta._lock
+
+    yield spy
+    for meta, real in spied:
+        meta._lock = real
+
+
+def assert_waits_for_the_lock(spy: SpyLock, call) -> None:
+    """Hold the spied lock here, run `call` in another thread: it must ask for the lock and wait (not finish)
+    while it is held, then finish once it is released. Deterministic: nothing depends on how long anything takes."""
+    spy.attempted.clear()
+    finished, errors = threading.Event(), []
+
+    def run():
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001 (re-raised in the main thread)
+            errors.append(error)
+        finally:
+            finished.set()
+
+    worker = threading.Thread(target=run)
+    with spy.real:
+        worker.start()
+        for _ in range(600):  # until the worker asks for the lock or finishes without it (60 s at most)
+            if spy.attempted.wait(0.1) or finished.is_set():
+                break
+        assert spy.attempted.is_set(), "the call did not take the module's lock"
+        assert not finished.is_set() and worker.is_alive(), "the call finished while the lock was held"
+    worker.join(timeout=120)
+    assert finished.is_set(), "the call did not finish after the lock was released"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("recipe", [*PER_TENSOR, *FINE_GRAINED])
+@pytest.mark.parametrize("module", FP8_MODULES)
+@pytest.mark.parametrize("step", ["first", "later"])
+def test_each_fp8_module_forward_waits_for_its_lock(module, recipe, step, spy_on_lock):
+    torch.manual_seed(0)
+    make_recipe = {**PER_TENSOR, **FINE_GRAINED}[recipe]
+    layer = FP8_MODULES[module](make_recipe())
+    x = torch.randn(8, 32)
+    if step == "later":  # delayed scaling's scale update and the fused LayerNormLinear run from the second step
+        with fp8mp.fp8_autocast(fp8_recipe=make_recipe()):
+            layer(x)
+
+    def forward():
+        with fp8mp.fp8_autocast(fp8_recipe=make_recipe()):  # fp8_autocast is per thread: entered in the caller's
+            layer(x)
+
+    assert_waits_for_the_lock(spy_on_lock(scaling_state(layer)), forward)
+
+
+@pytest.mark.parametrize("recipe", PER_TENSOR)
+@pytest.mark.parametrize("module", FP8_MODULES)
+@pytest.mark.parametrize("step", ["first", "later"])
+def test_each_fp8_module_backward_waits_for_its_lock(module, recipe, step, spy_on_lock):
+    """Per-tensor recipes update the gradient's scale in backward (fine-grained ones keep no state there)."""
+    torch.manual_seed(0)
+    layer = FP8_MODULES[module](PER_TENSOR[recipe]())
+    x = torch.randn(8, 32, requires_grad=True)
+    spy = spy_on_lock(scaling_state(layer))
+    for _ in range(2 if step == "later" else 1):
+        with fp8mp.fp8_autocast(fp8_recipe=PER_TENSOR[recipe]()):
+            out = layer(x)
+    assert_waits_for_the_lock(spy, lambda: out.square().sum().backward())
+    assert x.grad is not None and bool(x.grad.isfinite().all())

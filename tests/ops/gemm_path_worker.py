@@ -3,12 +3,24 @@ the operands' codes, the outputs and the path the process took, for the parent t
 outputs (and a block_scaled_gemm's) under torch.autocast and under a lowered fp32 matmul precision."""
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
 import sys
 
 import torch
 
 import fp8mp
 from fp8mp.ops import cpu_gemm_path
+
+
+def fp32_gemm_route() -> str:
+    """The route of the fp32 path's GEMM in this process (csrc/common/torch_fp32_matmul.h), from the library's
+    C entry point: "mkl_sgemm", "onednn" or "aten_bmm"."""
+    (library,) = glob.glob(os.path.join(os.path.dirname(fp8mp.__file__), "_C*.so"))
+    route = ctypes.CDLL(library).fp8mp_cpu_fp32_gemm_route
+    route.restype = ctypes.c_char_p
+    return route().decode()
 
 
 def cases() -> dict:
@@ -78,7 +90,7 @@ def epilogues(operands: dict) -> dict:
 def main(out_path: str) -> None:
     one = torch.ones(1)
     operands = cases()
-    results = {"path": cpu_gemm_path(), "cases": {}}
+    results = {"path": cpu_gemm_path(), "fp32_gemm": fp32_gemm_route(), "cases": {}}
     plain = gemms(one, operands)
     for name, (a, b) in operands.items():
         results["cases"][name] = (a.view(torch.uint8), str(a.dtype), b.view(torch.uint8), str(b.dtype), plain[name])

@@ -62,13 +62,38 @@ def expected_path(forced: str | None) -> str:
     return "avx512bf16" if "avx512_bf16" in flags and cpuinfo_value("vendor_id") != "GenuineIntel" else "fp32"
 
 
-@pytest.fixture(scope="module", params=["fp32", "avx512bf16", "amx"])
-def forced(request, tmp_path_factory):
+WHY_FP32 = {"avx512bf16": "this CPU has no AVX512-BF16",
+            "amx": "this CPU has no AMX-BF16 tiles, or the OS does not grant this process their state"}
+
+
+def forced_env(forced: str) -> dict:
+    """The environment that forces `forced`: a path of FP8MP_CPU_GEMM, "+aten" / "+fp8mp" forcing the fp32
+    path's GEMM onto aten::bmm.out / fp8mp's own (FP8MP_CPU_FP32_GEMM: the stable routes taken where MKL's
+    sgemm_ or oneDNN's linear is missing or gives a wrong answer)."""
+    path, _, fp32_gemm = forced.partition("+")
+    env = dict(os.environ, FP8MP_CPU_GEMM=path, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("FP8MP_CPU_FP32_GEMM", None)
+    if fp32_gemm:
+        env["FP8MP_CPU_FP32_GEMM"] = fp32_gemm
+    return env
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp32+aten", "fp32+fp8mp", "avx512bf16", "amx"])
+def forced_run(request, tmp_path_factory):
+    """(the path FP8MP_CPU_GEMM asked for, the worker's results in a process started with it)."""
     out = tmp_path_factory.mktemp("gemm_path") / f"{request.param}.pt"
-    env = dict(os.environ, FP8MP_CPU_GEMM=request.param)
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    subprocess.run([sys.executable, str(WORKER), str(out)], env=env, check=True, timeout=600)
-    return request.param, torch.load(out)
+    subprocess.run([sys.executable, str(WORKER), str(out)], env=forced_env(request.param), check=True, timeout=600)
+    return request.param.partition("+")[0], torch.load(out) | {"forced": request.param}
+
+
+@pytest.fixture(scope="module")
+def forced(forced_run):
+    """forced_run where the asked-for kernel ran; a skip where the process fell back to the fp32 path, whose
+    results the fp32 case checks already (they would pass here as the kernel's, testing nothing of it)."""
+    asked, results = forced_run
+    if results["path"] != asked:
+        pytest.skip(f"FP8MP_CPU_GEMM={asked}: {WHY_FP32[asked]}, so fp8_gemm ran the {results['path']} path")
+    return forced_run
 
 
 def decoded_f64(codes: torch.Tensor, dtype: str) -> np.ndarray:
@@ -84,14 +109,33 @@ def reference(case) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def fp32_path_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("gemm_path") / "fp32_reference.pt"
-    env = dict(os.environ, FP8MP_CPU_GEMM="fp32", PYTHONPATH=os.pathsep.join(sys.path))
-    subprocess.run([sys.executable, str(WORKER), str(out)], env=env, check=True, timeout=600)
+    subprocess.run([sys.executable, str(WORKER), str(out)], env=forced_env("fp32"), check=True, timeout=600)
     return torch.load(out)
 
 
-def test_the_forced_path_is_taken(forced):
-    path, results = forced
+def test_the_forced_path_is_taken(forced_run):
+    path, results = forced_run
     assert results["path"] == expected_path(path)
+
+
+def has_bf16_units() -> bool:
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def expected_fp32_gemm_route() -> str:
+    """The fp32 GEMM torch_fp32_matmul.h chooses here, where MKL's sgemm_ and oneDNN's linear answer right."""
+    if (has_bf16_units() or cpuinfo_value("vendor_id") == "GenuineIntel") and torch.backends.mkl.is_available():
+        return "mkl_sgemm"
+    if has_bf16_units():
+        return "fp8mp"
+    return "onednn" if torch.backends.mkldnn.is_available() else "aten_bmm"
+
+
+def test_the_fp32_gemm_route_is_the_forced_or_the_probed_one(forced_run):
+    results = forced_run[1]
+    forced_route = results["forced"].partition("+")[2]
+    want = {"aten": "aten_bmm", "fp8mp": "fp8mp"}.get(forced_route) or expected_fp32_gemm_route()
+    assert results["fp32_gemm"] == want
 
 
 @pytest.mark.parametrize("name", ["integers", "all_max", "cancelling"])
@@ -118,6 +162,9 @@ def test_no_worse_than_the_fp32_path(forced, fp32_path_results, name):
     256 in the AVX512-BF16 one, their sums added plainly up to K = 4096 and with Kahan's compensation
     beyond): their error against float64 is no larger than the fp32 path's (an IEEE fp32 GEMM): the mean
     within 25 %, the largest within 2x (it is one or two ulps of the output, so a factor of 2 is one ulp)."""
+    if forced[1]["forced"].endswith("+fp8mp"):
+        pytest.skip("fp8mp's own fp32 GEMM sums in k order: held to the fp32 accumulation bound "
+                    "(test_within_fp32_accumulation_bound), not to MKL's blocked sums")
     ref, _ = reference(forced[1]["cases"][name])
     err = np.abs(forced[1]["cases"][name][4].double().numpy() - ref)
     err_fp32 = np.abs(fp32_path_results["cases"][name][4].double().numpy() - ref)
@@ -153,6 +200,9 @@ def test_user_torch_state_changes_nothing(forced, setting):
     matmul precision (both change torch's own fp32 matmul), and leave those settings as they were. A matmul
     called inside an op runs under the caller's autocast: block_scaled_gemm's K chunks once came back in bf16."""
     results = forced[1]
+    if setting == "under_low_precision" and results["forced"].endswith("+aten") and has_bf16_units():
+        pytest.skip("aten's fp32 GEMMs follow torch.backends.mkldnn.matmul.fp32_precision on a CPU with bf16 units: "
+                    "fp8mp falls back to its own GEMM there, never to aten's")
     assert results[f"{setting.removeprefix('under_')}_state_kept"]
     for name, out in results["plain"].items():
         assert torch.equal(results[setting][name], out), name
