@@ -223,7 +223,7 @@ def check_norm_bwd_args(grad_out, x, mean, rstd, weight, op: str) -> None:
         _require(t.device == x.device, RuntimeError, f"{op}: argument '{arg}' must be on the input's device {x.device}, got {t.device}")
 
 
-# ------------------------------------------------------------------------ scaling (scaling/scaling_checks.cpp)
+# ------------------------------------------------------------------------ scale update (scale_update/scale_update_checks.cpp)
 def check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin: int, amax_compute_algo: str) -> None:
     op = "fp8mp::update_amax_history_and_scale"
     args = [(amax, "amax"), (amax_history, "amax_history"), (scale, "scale"), (scale_inv, "scale_inv"), (fp8_max, "fp8_max")]

@@ -1,7 +1,7 @@
 """Scale updates: the fused delayed-scaling op and the current-scaling rule.
 
 ``update_amax_history_and_scale`` is declared in csrc/ops.cpp and implemented
-in csrc/scaling/scaling_{cpu,cuda}_kernels.*, whose glue (scaling_cpu.cpp / scaling_cuda.cpp) checks the arguments.
+in csrc/scale_update/scale_update_{cpu,cuda}_kernels.*, whose glue (scale_update_cpu.cpp / scale_update_cuda.cpp) checks the arguments.
 """
 from __future__ import annotations
 
