@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-from fp8mp.ops.validation import check_int
+from fp8mp.scaling.config_checks import check_int
 
 __all__ = ["FallbackPolicy"]
 

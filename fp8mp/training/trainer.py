@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm import tqdm
 
-from fp8mp.ops.validation import check_int
+from fp8mp.scaling.config_checks import check_int
 from fp8mp.training import rng_state
-from fp8mp.training.checkpoint import CheckpointFolder
+from fp8mp.training.checkpoint_folder import CheckpointFolder
 from fp8mp.training.loss_scaler import LossScaler
 from fp8mp.scaling.autocast import fp8_autocast
 from fp8mp.nn.conversion import convert
@@ -130,7 +130,7 @@ class Trainer:
         A tqdm bar (config.progress_bar) shows the loss and the loss scale every config.log_every steps.
 
         checkpoint_dir: save a kill-safe checkpoint there every `checkpoint_every` steps and at the end
-            (fp8mp/training/checkpoint.py: atomic, checksummed, the newest `keep_last` kept): model with its
+            (fp8mp/training/checkpoint_folder.py: atomic, checksummed, the newest `keep_last` kept): model with its
             FP8 scaling state, optimizer, loss scaler, fallback policy, step, every RNG, the position in
             `batches` and the losses so far. Under torch.distributed every rank must call fit alike.
         resume: continue from the newest checkpoint in checkpoint_dir that verifies (a corrupted or
