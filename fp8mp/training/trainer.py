@@ -29,6 +29,7 @@ from fp8mp.scaling.autocast import fp8_autocast
 from fp8mp.nn.conversion import convert
 from fp8mp.training.fallback import FallbackPolicy
 from fp8mp.training.monitor import Fp8Monitor
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.lora import apply_lora
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
@@ -218,7 +219,7 @@ class Trainer:
             # FP8 scaling state is per rank (without an fp8_group each rank scales from its own shard): each
             # rank keeps its own in its file.
             state["fp8_state"] = {name: m.fp8_meta.state_dict() for name, m in self.model.named_modules()
-                                  if hasattr(m, "fp8_meta")}
+                                  if isinstance(m, Fp8Module)}
             del state["model"], state["optimizer"]
         else:
             sharded = {"model": state.pop("model"), "optimizer": state.pop("optimizer")}
@@ -323,7 +324,7 @@ def prepare_model(model: torch.nn.Module, config: TrainerConfig, recipe) -> torc
 
 def _apply_format_overrides(model: torch.nn.Module, config: TrainerConfig, recipe) -> None:
     """Set `fp8_recipe` on the converted modules under each prefix (the longest matching prefix wins)."""
-    converted = {name: m for name, m in model.named_modules() if hasattr(m, "fp8_meta") and hasattr(m, "fp8_recipe")}
+    converted = {name: m for name, m in model.named_modules() if isinstance(m, Fp8Module)}
     recipes = {config.fp8_format: recipe}
     for prefix, fmt in sorted(config.format_overrides, key=lambda pair: len(pair[0])):
         matched = [m for name, m in converted.items() if name_under(name, prefix)]
