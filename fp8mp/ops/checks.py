@@ -85,9 +85,9 @@ def format_of(t: torch.Tensor, op: str, arg: str) -> str:
 
 
 def check_scalar_tensor(t: torch.Tensor, like: torch.Tensor, op: str, arg: str) -> None:
-    what = f"{op}: argument '{arg}' must be a 1-element float32 tensor"
-    _require(t.dtype == torch.float32, RuntimeError, f"{what}, got dtype {dtype_name(t.dtype)}")
-    _require(t.numel() == 1, ValueError, f"{what}, got shape {sizes(t)}")
+    _require(t.dtype == torch.float32, RuntimeError,
+             f"{op}: argument '{arg}' must be a 1-element float32 tensor, got dtype {dtype_name(t.dtype)}")
+    _require(t.numel() == 1, ValueError, f"{op}: argument '{arg}' must be a 1-element float32 tensor, got shape {sizes(t)}")
     _require(t.device == like.device, RuntimeError,
              f"{op}: argument '{arg}' must be on the input's device {like.device}, got {t.device}")
 
