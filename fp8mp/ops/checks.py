@@ -5,7 +5,8 @@ A fake kernel runs where the C++ checks never do: under torch.compile and FakeTe
 whenever one argument is on the meta device (the dispatcher then picks the Meta kernel, which is the
 fake one, even if the other arguments are CPU tensors). Every `register_fake` in fp8mp/ops/ starts by
 calling the check of its op here, so a call refused eagerly is refused the same way under
-FakeTensor and torch.compile (tests/ops/test_fake_checks.py compares the messages).
+FakeTensor and torch.compile (tests/ops/test_fake_checks.py compares the messages;
+tests/ops/test_checks_in_step.py that every check here meets its C++ twin, and back).
 
 Messages print dtypes, shapes and devices as c10 does (Float, [2, 3], cuda:0). The errors are the
 C++ ones (csrc/common/stable.h): RuntimeError for FP8MP_CHECK, and for FP8MP_CHECK_VALUE a

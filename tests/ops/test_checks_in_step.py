@@ -14,7 +14,6 @@ import pathlib
 import re
 import sys
 
-import pytest
 import torch
 
 from fp8mp.ops import checks
@@ -73,14 +72,6 @@ def _unreachable_on_cpu(site: ast.Call) -> bool:
     return any(isinstance(n, ast.Attribute) and n.attr in ("device", "layout") for n in ast.walk(site.args[0]))
 
 
-@pytest.mark.parametrize("name", list(MORE_BAD_CALLS))
-def test_more_bad_calls_get_the_same_error_from_the_cpu_and_the_fake_kernels(name):
-    eager = error_of(MORE_BAD_CALLS[name], "cpu")
-    assert re.search(r"^(\[ValueError\] )?fp8mp::\w+: argument[s]? '\w+'", eager[1]), eager
-    assert error_of(MORE_BAD_CALLS[name], "meta") == eager
-    assert error_of(MORE_BAD_CALLS[name], "fake") == eager
-
-
 def test_every_python_check_is_met_by_a_bad_call_compared_with_the_cpp_check(monkeypatch):
     met: dict[int, str] = {}
     require = checks._require
@@ -91,8 +82,12 @@ def test_every_python_check_is_met_by_a_bad_call_compared_with_the_cpp_check(mon
         return require(condition, error, message)
 
     monkeypatch.setattr(checks, "_require", recording)
+    differ = {}
     for current, call in all_bad_calls().items():
-        error_of(call, "meta")
+        eager, meta, fake = error_of(call, "cpu"), error_of(call, "meta"), error_of(call, "fake")
+        if not (eager == meta == fake and "argument" in eager[1]):
+            differ[current] = (eager, meta, fake)
+    assert not differ, differ
     sites = _require_sites()
     unmet = sorted(line for line, site in sites.items() if line not in met and not _unreachable_on_cpu(site))
     assert not unmet, [f"fp8mp/ops/checks.py:{line}: {ast.unparse(sites[line])[:100]}" for line in unmet]
