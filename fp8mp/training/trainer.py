@@ -30,7 +30,6 @@ from fp8mp.nn.conversion import convert
 from fp8mp.training.fallback import FallbackPolicy
 from fp8mp.training.monitor import Fp8Monitor
 from fp8mp.nn.fp8_module import Fp8Module
-from fp8mp.nn.linear import Linear
 from fp8mp.nn.lora import apply_lora
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
 from fp8mp.training.trainer_config import TrainerConfig
@@ -311,10 +310,11 @@ def prepare_model(model: torch.nn.Module, config: TrainerConfig, recipe) -> torc
             raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} matches no module of the model")
     model = convert(model, module_filter=lambda name, m: not any(name_under(name, p) for p in keep))
     for prefix in keep:
-        already = [n for n, m in model.named_modules() if name_under(n, prefix) and isinstance(m, Linear)]
+        already = [n for n, m in model.named_modules() if name_under(n, prefix) and isinstance(m, Fp8Module)]
         if already:
             raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} covers {already}, which the "
-                             "model already builds as fp8mp.nn.Linear; build them as torch.nn.Linear to keep them")
+                             "model already builds as FP8 modules (fp8mp.nn.Linear, ...); build them as torch modules "
+                             "to keep them")
     _apply_format_overrides(model, config, recipe)
     if config.lora is not None:
         lora = config.lora
