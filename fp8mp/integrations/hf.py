@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import torch
 
 from fp8mp.integrations.hf_moe import register_if_transformers_imported, select_fp8_experts
-from fp8mp.nn.checkpoint import load_state_dict, split_fp8_state
+from fp8mp.nn.fp8_state_dict import load_state_dict, split_fp8_state
 from fp8mp.nn.conversion import convert
 from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
 from fp8mp.scaling.recipe import Recipe

@@ -1,14 +1,15 @@
 """Layer 3, modules: drop-in torch.nn modules, the autograd functions only they use, FP8 weight
 storage, LoRA and convert/unconvert. May import fp8mp.ops and fp8mp.scaling, never fp8mp.training."""
-from fp8mp.nn import checkpoint, lora
+from fp8mp.nn import fp8_state_dict, lora
 from fp8mp.nn.conv1d import Conv1D
-from fp8mp.nn.checkpoint import load_state_dict
+from fp8mp.nn.fp8_state_dict import load_state_dict
 from fp8mp.nn.conversion import FP8_MODULES, convert, unconvert
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.fp8_weight import fp8_model_init
 from fp8mp.nn.layernorm_linear import LayerNormLinear
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.lora import LoRALinear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["Linear", "Conv1D", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
-           "fp8_model_init", "lora", "checkpoint", "load_state_dict"]
+__all__ = ["Fp8Module", "Linear", "Conv1D", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
+           "fp8_model_init", "lora", "fp8_state_dict", "load_state_dict"]

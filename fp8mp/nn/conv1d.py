@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.scaling import autocast as autocast_state
-from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor
 
 
 def _addmm(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -18,7 +18,7 @@ def _addmm(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
     return out.view(*input.shape[:-1], weight.shape[1])
 
 
-class Conv1D(torch.nn.Module):
+class Conv1D(Fp8Module):
     """y = x @ W + b with W of shape [nx, nf] = [in, out], in FP8 inside `fp8mp.fp8_autocast`.
 
     Same constructor (`Conv1D(nf, nx)`), parameters and state_dict keys as
@@ -36,9 +36,7 @@ class Conv1D(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(nx, nf, device=device, dtype=dtype))
         self.bias = torch.nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
         torch.nn.init.normal_(self.weight, std=0.02)
-        self.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=device)
-        self.fp8_recipe = None  # a recipe for this module alone; None follows fp8_autocast's
-        self.fp8_fallback = False
+        self.init_fp8_state(device)
 
     @property
     def in_features(self) -> int:
@@ -48,25 +46,26 @@ class Conv1D(torch.nn.Module):
     def out_features(self) -> int:
         return self.nf
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not autocast_state.is_fp8_enabled():
-            return _addmm(input, self.weight, self.bias)
+    # ----------------------------------------------------------------------------- Fp8Module's hooks
+    def check_input(self, input: torch.Tensor) -> None:
         check_input("fp8mp.nn.Conv1D", input, self.nx, self.weight)
-        ran_before = autocast_state.record_module(self)
-        if self.fp8_fallback:
-            return _addmm(input, self.weight.to(input.dtype), self.bias.to(input.dtype))
-        meta = self.fp8_meta
-        with meta.lock():  # threads sharing this layer take turns from the scale update to the casts, as Linear
-            meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
-            return fp8_linear(input, self.weight, self.bias, meta, group=autocast_state.get_fp8_group(),
-                              ran_before=ran_before, weight_in_out=True)
+
+    def high_precision_forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _addmm(input, self.weight, self.bias)
+
+    def fallback_forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _addmm(input, self.weight.to(input.dtype), self.bias.to(input.dtype))
+
+    def fp8_forward(self, input: torch.Tensor, ran_before: bool) -> torch.Tensor:
+        return fp8_linear(input, self.weight, self.bias, self.fp8_meta, group=autocast_state.get_fp8_group(),
+                          ran_before=ran_before, weight_in_out=True)
 
     @classmethod
     def from_hf(cls, module: torch.nn.Module) -> "Conv1D":
         """An fp8mp Conv1D sharing the parameters of `module`, a transformers Conv1D (no copy)."""
         new = cls(module.nf, module.nx, device="meta")
         new.weight, new.bias = module.weight, module.bias
-        new.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=module.weight.device)
+        new.fp8_meta = new.new_fp8_meta(module.weight.device)
         return new
 
     def to_torch(self) -> torch.nn.Module:

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 from fp8mp.scaling.autocast import validate_recipe
@@ -19,8 +20,8 @@ from fp8mp.scaling.recipe import Recipe
 
 logger = logging.getLogger("fp8mp")
 
-# Modules unconvert turns back into their torch twins (each has `to_torch()`).
-FP8_MODULES = (Linear, Conv1D, LayerNorm, RMSNorm)
+# Modules unconvert turns back into their torch twins (each has `to_torch()`): every FP8 module, and the norms.
+FP8_MODULES = (Fp8Module, LayerNorm, RMSNorm)
 
 ModuleFilter = Callable[[str, torch.nn.Module], bool]
 
@@ -102,7 +103,7 @@ def convert(
                         module, FP8_DIM_MULTIPLE)
             return None
         new = make(module)
-        if recipe is not None and hasattr(new, "fp8_recipe"):
+        if recipe is not None and isinstance(new, Fp8Module):
             new.fp8_recipe = recipe
             new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
         return new

@@ -23,45 +23,68 @@ FP32 master, or None) that receives the weight gradient.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from typing import Callable
 
 import torch
 
-from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import BlockRecipe
 from fp8mp.nn.block_linear_function import block_linear
 from fp8mp.nn.output_dtype import output_dtype
-from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, columns_of, fold_amax_
+from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Columns, Fp8Meta, columns_of, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 
 
+@dataclasses.dataclass(frozen=True)
+class Fp8LinearOptions:
+    """What one call of Fp8LinearFunction needs besides its tensors (`linear_options` makes it from an Fp8Meta).
+
+    formats: (forward_format, backward_format) of the recipe in use.
+    fast_accum: (fprop, dgrad, wgrad) use_fast_accum of the three GEMMs (recipe.gemm_fast_accum).
+    grad_scale_fn: what Fp8Meta.prepare_forward_scales returned: None (delayed scaling) or a callable
+        setting the grad_output scale from the gradient itself (current scaling).
+    lock: the module's Fp8Meta.backward_lock(), held by backward around its scale update and cast
+        (None while torch.compile traces).
+    out_dtype: the output's dtype (output_dtype.py); the input gradient has the input's.
+    weight_in_out: the weight is [K,N] (Conv1D) instead of [N,K]; not with a stored FP8 weight.
+    columns: the module's Fp8Meta.columns() (views of the meta buffers' columns), or None: slice them here.
+    """
+
+    formats: tuple[str, str]
+    fast_accum: tuple[bool, bool, bool]
+    grad_scale_fn: Callable[[torch.Tensor], None] | None
+    lock: object
+    out_dtype: torch.dtype
+    weight_in_out: bool = False
+    columns: Fp8Columns | None = None
+
+
+def linear_options(meta: Fp8Meta, grad_scale_fn, out_dtype: torch.dtype, weight_in_out: bool = False) -> Fp8LinearOptions:
+    """The Fp8LinearOptions of a call with `meta` (configured, its forward scales prepared)."""
+    formats, fast_accum = meta.linear_settings()
+    return Fp8LinearOptions(formats, fast_accum, grad_scale_fn, meta.backward_lock(), out_dtype, weight_in_out,
+                            meta.columns())
+
+
 class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, meta_scale, meta_scale_inv, meta_amax, meta_step_amax, formats, grad_scale_fn,
-                lock, fp8_weight=None, fp8_input=None, weight_in_out=False, fast_accum=(True, False, False),
-                out_dtype=None, columns=None):
-        """x2d [M,K], weight [N,K]; meta_* are the module's Fp8Meta buffers (amax is written in place).
+    def forward(ctx, x2d, weight, bias, meta_buffers, fp8_weight, fp8_input, options: Fp8LinearOptions):
+        """x2d [M,K], weight [N,K] (or [K,N], options.weight_in_out), bias [N] or None.
 
-        meta_step_amax: Fp8Meta.step_amax, into which every cast's amax is folded (the step's
-        non-finite check), or None for a forward that records no gradient (evaluation).
-
-        formats: (forward_format, backward_format); grad_scale_fn: None (delayed scaling) or a
-        callable setting the grad_output scale from the gradient itself (current scaling).
-        lock: the module's Fp8Meta.backward_lock(), held by backward around its scale update and cast
-            (None while torch.compile traces).
+        meta_buffers: Fp8Meta.forward_buffers(), (scale, scale_inv, amax, step_amax), the module's scaling
+        buffers (amax is written in place; every cast's amax is folded into step_amax, the step's
+        non-finite check, which is None for a forward that records no gradient).
         fp8_weight: None, or (w_fp8 [N,K] float8_e4m3fn, w_scale_inv [1]): a stored FP8 weight used
         instead of casting `weight`, which then only receives the gradient (it may be None).
         fp8_input: None, or (x_fp8, x_fp8_t) already cast with the INPUT scale (by a fused norm, see
         fp8mp/nn/norm_linear_function.py); `x2d` then only routes the input gradient.
-        weight_in_out: `weight` is [K,N] (Conv1D) instead of [N,K]; not with fp8_weight.
-        fast_accum: (fprop, dgrad, wgrad) use_fast_accum of the three GEMMs (recipe.gemm_fast_accum).
-        out_dtype: the output's dtype (output_dtype.py; None: x2d's); the input gradient has x2d's.
-        columns: the module's Fp8Meta.columns() (views of the meta_* buffers' columns), or None: slice them here.
+        options: the call's Fp8LinearOptions.
         """
-        out_dtype = x2d.dtype if out_dtype is None else out_dtype
-        forward_format, backward_format = formats
-        cols = columns if columns is not None else columns_of(meta_scale, meta_scale_inv, meta_amax, meta_step_amax)
+        meta_step_amax = meta_buffers[3]
+        forward_format = options.formats[0]
+        cols = options.columns if options.columns is not None else columns_of(*meta_buffers)
         if fp8_input is None:
             x_fp8, x_fp8_t = cast_to_fp8_transpose(x2d, cols.scale[INPUT], cols.amax[INPUT], forward_format)
         else:
@@ -71,7 +94,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         x_scale_inv = cols.scale_inv[INPUT].clone()
         if fp8_weight is None:
             w_fp8, w_fp8_t = cast_to_fp8_transpose(weight, cols.scale[WEIGHT], cols.amax[WEIGHT], forward_format)
-            if weight_in_out:  # fprop wants [N,K], the cast's transpose; dgrad wants [K,N], the cast itself
+            if options.weight_in_out:  # fprop wants [N,K], the cast's transpose; dgrad wants [K,N], the cast itself
                 w_fp8, w_fp8_t = w_fp8_t, w_fp8
             w_scale_inv = cols.scale_inv[WEIGHT].clone()
         else:  # stored FP8 weight; backward transposes it (saving one FP8 copy of the weight, not two)
@@ -80,19 +103,14 @@ class Fp8LinearFunction(torch.autograd.Function):
         if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
             written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
             fold_amax_(cols.step_amax_head[written], cols.amax_head[written])
-        out_bias = bias.to(out_dtype) if bias is not None else None
-        out = fp8_gemm(x_fp8, x_scale_inv, w_fp8, w_scale_inv, out_bias, out_dtype, fast_accum[0])
+        out_bias = bias.to(options.out_dtype) if bias is not None else None
+        out = fp8_gemm(x_fp8, x_scale_inv, w_fp8, w_scale_inv, out_bias, options.out_dtype, options.fast_accum[0])
         ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, x_scale_inv, w_scale_inv)
         # The scaling buffers are state, read and written in place by backward, not saved values: a module
         # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
-        ctx.meta_buffers = (meta_scale, meta_scale_inv, meta_amax, meta_step_amax)
-        ctx.columns = columns
+        ctx.meta_buffers = meta_buffers
+        ctx.options = options
         ctx.transpose_weight = w_fp8_t is None
-        ctx.weight_in_out = weight_in_out
-        ctx.backward_format = backward_format
-        ctx.grad_scale_fn = grad_scale_fn
-        ctx.lock = lock
-        ctx.fast_accum = fast_accum
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
@@ -100,58 +118,32 @@ class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x_fp8_t, w_fp8_t, x_scale_inv, w_scale_inv = ctx.saved_tensors
-        meta_step_amax = ctx.meta_buffers[3]
-        cols = ctx.columns if ctx.columns is not None else columns_of(*ctx.meta_buffers)
+        meta_step_amax, options = ctx.meta_buffers[3], ctx.options
+        cols = options.columns if options.columns is not None else columns_of(*ctx.meta_buffers)
         if ctx.transpose_weight:
             w_fp8_t = w_fp8_t.t().contiguous()
         grad_out = grad_out.contiguous()
         # The bias gradient (fp32 column sums of grad_out) comes from the cast's own read of grad_out.
         wants_bias_grad = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
-        with ctx.lock if ctx.lock is not None else contextlib.nullcontext():
-            if ctx.grad_scale_fn is not None:
-                ctx.grad_scale_fn(grad_out)
+        with options.lock if options.lock is not None else contextlib.nullcontext():
+            if options.grad_scale_fn is not None:
+                options.grad_scale_fn(grad_out)
             cast = cast_to_fp8_transpose_dbias if wants_bias_grad else cast_to_fp8_transpose
-            g_fp8, g_fp8_t, *dbias = cast(grad_out, cols.scale[GRAD], cols.amax[GRAD], ctx.backward_format)
+            g_fp8, g_fp8_t, *dbias = cast(grad_out, cols.scale[GRAD], cols.amax[GRAD], options.formats[1])
             g_scale_inv = cols.scale_inv[GRAD].clone()
             if meta_step_amax is not None:
                 fold_amax_(cols.step_amax[GRAD], cols.amax[GRAD])
         grad_x = grad_w = grad_b = None
-        _, dgrad_fast, wgrad_fast = ctx.fast_accum
+        _, dgrad_fast, wgrad_fast = options.fast_accum
         if ctx.needs_input_grad[0]:
             grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, w_scale_inv, None, ctx.x_dtype, dgrad_fast)
-        if ctx.needs_input_grad[1] and ctx.weight_in_out:  # dW [K,N] = x.T @ dy
+        if ctx.needs_input_grad[1] and options.weight_in_out:  # dW [K,N] = x.T @ dy
             grad_w = fp8_gemm(x_fp8_t, x_scale_inv, g_fp8_t, g_scale_inv, None, ctx.w_dtype, wgrad_fast)
         elif ctx.needs_input_grad[1]:  # dW [N,K] = dy.T @ x
             grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, x_scale_inv, None, ctx.w_dtype, wgrad_fast)
         if wants_bias_grad:
             grad_b = dbias[0].to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None, None, None, None, None, None, None, None
-
-
-def meta_buffers(meta: Fp8Meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """meta's (scale, scale_inv, amax, step_amax), Fp8LinearFunction's meta_* arguments: step_amax only when
-    this forward records gradients (a training step LossScaler will check), else None."""
-    scale, scale_inv, amax, step_amax = meta.scaling_buffers()
-    return scale, scale_inv, amax, step_amax if torch.is_grad_enabled() else None
-
-
-def prepare_scales(meta: Fp8Meta, x2d: torch.Tensor | None, weight: torch.Tensor | None, fp8_weight,
-                   group=None, ran_before: bool = False) -> object:
-    """Set this step's scales per `meta`'s recipe; returns the grad_scale_fn for Fp8LinearFunction.
-
-    x2d None: the input is cast elsewhere (a fused norm), which needs delayed scaling.
-    group / ran_before: see fp8_linear.
-    """
-    if not meta.uses_current_scaling():
-        if group is not None and ran_before:
-            distributed.all_reduce_amax_(meta.amax, group)
-        meta.step_delayed_scaling()
-        return None
-    if x2d is not None:
-        meta.set_scale_from(INPUT, x2d, group)
-    if fp8_weight is None:
-        meta.set_scale_from(WEIGHT, weight, group)
-    return lambda grad: meta.set_scale_from(GRAD, grad, group)
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, meta: Fp8Meta,
@@ -172,10 +164,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
         return block_linear(x, weight, bias, meta.recipe, (meta.format_of(INPUT), meta.format_of(GRAD)), weight_in_out,
                             stored_weight=fp8_weight)
     x2d = x.reshape(-1, x.shape[-1])
-    grad_scale_fn = prepare_scales(meta, x2d, weight, fp8_weight, group, ran_before)
-    formats, fast_accum = meta.linear_settings()
-    out = Fp8LinearFunction.apply(x2d, weight, bias, *meta_buffers(meta), formats, grad_scale_fn, meta.backward_lock(),
-                                  fp8_weight, None, weight_in_out, fast_accum, output_dtype(x), meta.columns())
+    grad_scale_fn = meta.prepare_forward_scales(x2d, weight if fp8_weight is None else None, group, ran_before)
+    options = linear_options(meta, grad_scale_fn, output_dtype(x), weight_in_out)
+    out = Fp8LinearFunction.apply(x2d, weight, bias, meta.forward_buffers(), fp8_weight, None, options)
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])
 

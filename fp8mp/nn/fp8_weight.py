@@ -59,7 +59,7 @@ from typing import Iterator
 import torch
 
 from fp8mp.nn.block_linear_function import quantize_weight
-from fp8mp.nn.checkpoint import fp8_state_owner
+from fp8mp.nn.fp8_state_dict import fp8_state_owner
 from fp8mp.ops.blockwise import block_dequantize
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8

@@ -6,7 +6,7 @@ import torch
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn.norm_linear_function import norm_block_fp8_linear, norm_fp8_linear
 from fp8mp.scaling.fp8_meta import GRAD, INPUT
-from fp8mp.scaling.recipe import BlockScaling, MXFP8Scaling
+from fp8mp.scaling.recipe import BlockRecipe, BlockScaling, DelayedScaling, MXFP8Scaling
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm, check_eps
 
@@ -46,23 +46,31 @@ class LayerNormLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         linear = self.linear
-        if not autocast_state.is_fp8_enabled():
+        if not autocast_state.is_fp8_enabled() or not self._runs_fused(linear.fp8_recipe or autocast_state.get_fp8_recipe()):
             return linear(self.norm(input))
-        linear._check_input(input)
+        linear.check_input(input)
+        # The fused computation inside the linear's own FP8 prologue (its record, fallback, lock, configure).
+        return linear.run_fp8(input, self._fused_forward, lambda x: linear.fallback_forward(self.norm(x)))
+
+    def _runs_fused(self, recipe) -> bool:
+        """Whether the norm writes FP8 itself under `recipe`: block-scaled recipes (BlockScaling, MXFP8Scaling),
+        and delayed scaling from its second step on with a high-precision weight."""
+        linear = self.linear
+        if linear.fp8_fallback:
+            return False
+        if isinstance(recipe, BlockScaling) or isinstance(recipe, MXFP8Scaling):
+            return True
+        return isinstance(recipe, DelayedScaling) and linear.fp8_meta.is_initialized() and not linear.stores_fp8_weight
+
+    def _fused_forward(self, input: torch.Tensor, ran_before: bool) -> torch.Tensor:
+        linear = self.linear
         meta = linear.fp8_meta
-        with meta.lock():
-            meta.configure(linear.fp8_recipe or autocast_state.get_fp8_recipe())
-            recipe = meta.recipe
-            if not linear.fp8_fallback and (isinstance(recipe, BlockScaling) or isinstance(recipe, MXFP8Scaling)):
-                autocast_state.record_module(linear)
-                stored = linear._stored_weight_for(recipe) if linear.stores_fp8_weight else None
-                weight = linear._weight_grad_leaf() if linear.stores_fp8_weight else linear.weight
-                formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-                return norm_block_fp8_linear(input, self.norm, weight, linear.bias, recipe, formats, self.eps,
-                                             isinstance(self.norm, LayerNorm), stored)
-            if linear.fp8_fallback or linear.stores_fp8_weight or meta.uses_current_scaling():
-                return linear(self.norm(input))
-            ran_before = autocast_state.record_module(linear)
-            return norm_fp8_linear(input, self.norm, linear.weight, linear.bias, meta, self.eps,
-                                   is_layernorm=isinstance(self.norm, LayerNorm), group=autocast_state.get_fp8_group(),
-                                   ran_before=ran_before)
+        recipe = meta.recipe
+        is_layernorm = isinstance(self.norm, LayerNorm)
+        if isinstance(recipe, BlockRecipe):
+            weight, stored = linear.fp8_weight_operands(recipe)
+            formats = (meta.format_of(INPUT), meta.format_of(GRAD))
+            return norm_block_fp8_linear(input, self.norm, weight, linear.bias, recipe, formats, self.eps, is_layernorm,
+                                         stored)
+        return norm_fp8_linear(input, self.norm, linear.weight, linear.bias, meta, self.eps, is_layernorm=is_layernorm,
+                               group=autocast_state.get_fp8_group(), ran_before=ran_before)

@@ -8,15 +8,15 @@ import torch.nn.functional as F
 
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn import fp8_weight as fp8_weight_storage
-from fp8mp.scaling.fp8_meta import Fp8Meta, LinearTensor
 from fp8mp.nn.block_linear_function import stored_weight_operands
 from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
+from fp8mp.nn.fp8_module import Fp8Module
 
 # The buffers an FP8-stored weight may have, in the order stored_weight_operands takes the block ones.
 FP8_WEIGHT_BUFFERS = ("weight_fp8", "weight_scale_inv", "weight_fp8_t", "weight_scale_inv_t", "weight_scale")
 
 
-class Linear(torch.nn.Linear):
+class Linear(Fp8Module, torch.nn.Linear):
     """y = x @ W.T + b, in FP8 inside `fp8mp.fp8_autocast`, in the parameters' precision outside it.
 
     Same constructor, parameters and state_dict keys as `torch.nn.Linear`, so its checkpoints load
@@ -40,36 +40,23 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  fp8_weight: bool | None = None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=device)
-        # A recipe for this module alone (e.g. set by fp8mp.convert); None follows fp8_autocast's.
-        self.fp8_recipe = None
-        self.fp8_fallback = False
+        self.init_fp8_state(device)
         self.weight_frozen = False  # set by freeze_weight()
         self._master_weight_ref = None
         if fp8_weight_storage.is_fp8_model_init() if fp8_weight is None else fp8_weight:
-            self._store_weight_in_fp8()
+            self.store_weight_in_fp8()
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not autocast_state.is_fp8_enabled():
-            if self.weight is None:
-                return self._high_precision_linear(input)
-            return F.linear(input, self.weight, self.bias)
-        self._check_input(input)
-        # Parameters and submodules are read once: each read is a Module.__getattr__ call (about 0.5 us).
-        weight, meta = self.weight, self.fp8_meta
-        ran_before = autocast_state.record_module(self)
-        if self.fp8_fallback:
-            return self._high_precision_linear(input)
-        group = autocast_state.get_fp8_group()
-        with meta.lock():  # threads sharing this layer take turns from the scale update to the casts
-            meta.configure(self.fp8_recipe or autocast_state.get_fp8_recipe())
-            if weight is None:
-                stored = self._stored_weight_for(meta.recipe)
-                return fp8_linear(input, self._weight_grad_leaf(), self.bias, meta, fp8_weight=stored,
-                                  group=group, ran_before=ran_before)
-            return fp8_linear(input, weight, self.bias, meta, group=group, ran_before=ran_before)
+    # ----------------------------------------------------------------------------- Fp8Module's hooks
+    def check_input(self, input: torch.Tensor) -> None:
+        weight = self.weight
+        check_input("fp8mp.nn.Linear", input, self.in_features, weight if weight is not None else self.weight_fp8)
 
-    def _high_precision_linear(self, input: torch.Tensor) -> torch.Tensor:
+    def high_precision_forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return self.fallback_forward(input)
+        return F.linear(input, self.weight, self.bias)
+
+    def fallback_forward(self, input: torch.Tensor) -> torch.Tensor:
         """F.linear in the input's dtype: the fallback path, and FP8-weight layers outside fp8_autocast."""
         if self.weight is None:
             weight = self.decode_stored_weight(input.dtype, self._weight_grad_leaf())
@@ -77,8 +64,24 @@ class Linear(torch.nn.Linear):
             weight = self.weight.to(input.dtype)
         return F.linear(input, weight, self.bias.to(input.dtype) if self.bias is not None else None)
 
+    def fp8_forward(self, input: torch.Tensor, ran_before: bool) -> torch.Tensor:
+        meta = self.fp8_meta
+        weight, stored = self.fp8_weight_operands(meta.recipe)
+        return fp8_linear(input, weight, self.bias, meta, fp8_weight=stored, group=autocast_state.get_fp8_group(),
+                          ran_before=ran_before)
+
+    def fp8_weight_operands(self, recipe) -> tuple[torch.Tensor | None, object]:
+        """(weight, stored) as the FP8 linear functions take them under `recipe`: the `weight` parameter and
+        None, or, for an FP8-stored weight, the leaf that receives its gradient (the master, or None) and
+        the stored operands (refusing a recipe of another weight layout)."""
+        weight = self.weight
+        if weight is not None:
+            return weight, None
+        stored = self._stored_weight_for(recipe)
+        return self._weight_grad_leaf(), stored
+
     # ----------------------------------------------------------------------------- FP8 weight storage
-    def _store_weight_in_fp8(self, recipe=None) -> None:
+    def store_weight_in_fp8(self, recipe=None) -> None:
         """Replace the `weight` parameter by FP8 buffers quantized for `recipe`.
 
         recipe: default this layer's fp8_recipe, else fp8_model_init's; per-tensor recipes (and None)
@@ -187,10 +190,6 @@ class Linear(torch.nn.Linear):
             raise RuntimeError(f"fp8mp.nn.Linear.{what}: this layer stores its weight in high precision "
                                "(create it with fp8_weight=True or inside fp8mp.fp8_model_init())")
 
-    def _check_input(self, input: torch.Tensor) -> None:
-        weight = self.weight
-        check_input("fp8mp.nn.Linear", input, self.in_features, weight if weight is not None else self.weight_fp8)
-
     def to_torch(self) -> torch.nn.Linear:
         """A torch.nn.Linear sharing this module's parameters (the FP8 scaling state is dropped).
 
@@ -208,5 +207,5 @@ class Linear(torch.nn.Linear):
         """An fp8mp Linear sharing `linear`'s parameters (no copy)."""
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta", fp8_weight=False)
         new.weight, new.bias = linear.weight, linear.bias
-        new.fp8_meta = Fp8Meta(len(LinearTensor), backward_tensors=(LinearTensor.GRAD_OUTPUT,), device=linear.weight.device)
+        new.fp8_meta = new.new_fp8_meta(linear.weight.device)
         return new

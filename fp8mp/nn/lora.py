@@ -58,7 +58,7 @@ class LoRALinear(torch.nn.Module):
             raise ValueError("LoRALinear: argument 'fp8_base_weight'=True needs an fp8mp.nn.Linear base, got a "
                              "torch.nn.Linear (convert it first: fp8mp.nn.Linear.from_linear(base))")
         if fp8_base_weight and not base.stores_fp8_weight:
-            base._store_weight_in_fp8(fp8_base_recipe)
+            base.store_weight_in_fp8(fp8_base_recipe)
         if isinstance(base, Linear):
             base.freeze_weight()
         for param in base.parameters():

@@ -21,7 +21,7 @@ from fp8mp.scaling.fp8_meta import Fp8Meta
 from fp8mp.scaling.recipe import BlockRecipe
 from fp8mp.nn.block_linear_function import BlockLinearFunction, block_linear, both_blocks
 from fp8mp.nn.output_dtype import output_dtype
-from fp8mp.nn.fp8_linear_function import INPUT, Fp8LinearFunction, meta_buffers, prepare_scales
+from fp8mp.nn.fp8_linear_function import INPUT, Fp8LinearFunction, linear_options
 
 
 def _transpose_fp8(t: torch.Tensor) -> torch.Tensor:
@@ -114,15 +114,13 @@ def norm_fp8_linear(x: torch.Tensor, norm: torch.nn.Module, weight: torch.Tensor
     holds `meta.lock()`.
     """
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
-    grad_scale_fn = prepare_scales(meta, None, weight, None, group, ran_before)
-    formats, fast_accum = meta.linear_settings()
-    columns = meta.columns()
+    options = linear_options(meta, meta.prepare_forward_scales(None, weight, group, ran_before), output_dtype(x))
+    columns = options.columns
     y_fp8, y_fp8_t, route = NormToFp8.apply(
         x2d, norm.weight, getattr(norm, "bias", None), eps, norm.zero_centered_gamma, is_layernorm,
         meta.scale[INPUT : INPUT + 1] if columns is None else columns.scale[INPUT],
-        meta.amax[INPUT : INPUT + 1] if columns is None else columns.amax[INPUT], formats[0],
+        meta.amax[INPUT : INPUT + 1] if columns is None else columns.amax[INPUT], options.formats[0],
     )
-    out = Fp8LinearFunction.apply(route, weight, bias, *meta_buffers(meta), formats, grad_scale_fn, meta.backward_lock(),
-                                  None, (y_fp8, y_fp8_t), False, fast_accum, output_dtype(x), columns)
+    out = Fp8LinearFunction.apply(route, weight, bias, meta.forward_buffers(), None, (y_fp8, y_fp8_t), options)
     meta.mark_initialized()
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -4,11 +4,10 @@ C++ checks again, for the fake kernels). Imports only torch and fp8mp's native l
 (native.py loads them); every other layer builds on this one."""
 from fp8mp.ops import norm  # noqa: F401  (registers the norm ops' fake kernels and autograd)
 from fp8mp.ops.blockwise import block_dequantize, block_quantize, block_quantize_transpose, block_scaled_gemm
-from fp8mp.ops.cast import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias,
-                            cuda_kernels_available)
+from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
 from fp8mp.ops.gemm import cpu_gemm_path, fp8_gemm
 from fp8mp.ops.grouped_gemm import block_scaled_grouped_gemm, fp8_grouped_gemm, fp8_grouped_gemm_wgrad
-from fp8mp.ops.native import cuda_kernels_status
+from fp8mp.ops.native import cuda_kernels_available, cuda_kernels_status
 from fp8mp.ops.optim import adamw_step, lion_step
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
 

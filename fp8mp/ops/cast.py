@@ -14,14 +14,7 @@ from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
-__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_to_fp8_transpose_dbias", "cast_from_fp8",
-           "cuda_kernels_available"]
-
-
-def cuda_kernels_available() -> bool:
-    """True when this build has fp8mp's CUDA kernels, they are loaded and a CUDA device is present
-    (native.cuda_kernels_status() says which is missing)."""
-    return native.cuda_library_loaded() and torch.cuda.is_available()
+__all__ = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_to_fp8_transpose_dbias", "cast_from_fp8"]
 
 
 @torch.library.register_fake("fp8mp::cast_to_fp8")

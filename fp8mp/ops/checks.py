@@ -5,7 +5,8 @@ A fake kernel runs where the C++ checks never do: under torch.compile and FakeTe
 whenever one argument is on the meta device (the dispatcher then picks the Meta kernel, which is the
 fake one, even if the other arguments are CPU tensors). Every `register_fake` in fp8mp/ops/ starts by
 calling the check of its op here, so a call refused eagerly is refused the same way under
-FakeTensor and torch.compile (tests/ops/test_fake_checks.py compares the messages).
+FakeTensor and torch.compile (tests/ops/test_fake_checks.py compares the messages;
+tests/ops/test_checks_in_step.py that every check here meets its C++ twin, and back).
 
 Messages print dtypes, shapes and devices as c10 does (Float, [2, 3], cuda:0). The errors are the
 C++ ones (csrc/common/stable.h): RuntimeError for FP8MP_CHECK, and for FP8MP_CHECK_VALUE a
@@ -85,9 +86,9 @@ def format_of(t: torch.Tensor, op: str, arg: str) -> str:
 
 
 def check_scalar_tensor(t: torch.Tensor, like: torch.Tensor, op: str, arg: str) -> None:
-    what = f"{op}: argument '{arg}' must be a 1-element float32 tensor"
-    _require(t.dtype == torch.float32, RuntimeError, f"{what}, got dtype {dtype_name(t.dtype)}")
-    _require(t.numel() == 1, ValueError, f"{what}, got shape {sizes(t)}")
+    _require(t.dtype == torch.float32, RuntimeError,
+             f"{op}: argument '{arg}' must be a 1-element float32 tensor, got dtype {dtype_name(t.dtype)}")
+    _require(t.numel() == 1, ValueError, f"{op}: argument '{arg}' must be a 1-element float32 tensor, got shape {sizes(t)}")
     _require(t.device == like.device, RuntimeError,
              f"{op}: argument '{arg}' must be on the input's device {like.device}, got {t.device}")
 
@@ -223,7 +224,7 @@ def check_norm_bwd_args(grad_out, x, mean, rstd, weight, op: str) -> None:
         _require(t.device == x.device, RuntimeError, f"{op}: argument '{arg}' must be on the input's device {x.device}, got {t.device}")
 
 
-# ------------------------------------------------------------------------ scaling (scaling/scaling_checks.cpp)
+# ------------------------------------------------------------------------ scale update (scale_update/scale_update_checks.cpp)
 def check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin: int, amax_compute_algo: str) -> None:
     op = "fp8mp::update_amax_history_and_scale"
     args = [(amax, "amax"), (amax_history, "amax_history"), (scale, "scale"), (scale_inv, "scale_inv"), (fp8_max, "fp8_max")]

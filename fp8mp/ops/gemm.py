@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
+from fp8mp.ops import native
 from fp8mp.ops import checks
 from fp8mp.ops.errors import raising_value_errors
 
@@ -90,6 +90,4 @@ def cpu_gemm_path() -> str:
     if forced and forced not in CPU_GEMM_PATHS:
         warnings.warn(f"FP8MP_CPU_GEMM={forced!r} is not one of {', '.join(CPU_GEMM_PATHS)}: "
                       "fp8_gemm chooses its CPU path itself", stacklevel=2)
-    query = ctypes.CDLL(native._library("_C")).fp8mp_cpu_gemm_path
-    query.restype = ctypes.c_char_p
-    return query().decode()
+    return native.cpu_library_function("fp8mp_cpu_gemm_path", ctypes.c_char_p)().decode()

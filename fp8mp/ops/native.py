@@ -11,12 +11,13 @@ than the nvcc that compiled the kernels (setup.py records its release).
 """
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 
 import torch
 
-__all__ = ["cuda_kernels_status", "cuda_library_loaded"]
+__all__ = ["cuda_kernels_status", "cuda_library_loaded", "cuda_kernels_available", "cpu_library_function"]
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fp8mp package folder
 
@@ -101,3 +102,17 @@ def cuda_kernels_status() -> str:
     name = torch.cuda.get_device_name()
     note = "" if (major, minor) >= (8, 9) else " (fp8_gemm needs compute capability >= 8.9)"
     return f"fp8mp CUDA kernels: {built}, loaded; device {name}, compute capability {major}.{minor}{note}"
+
+
+def cuda_kernels_available() -> bool:
+    """True when this build has fp8mp's CUDA kernels, they are loaded and a CUDA device is present
+    (cuda_kernels_status() says which is missing)."""
+    return _CUDA_LOADED and torch.cuda.is_available()
+
+
+def cpu_library_function(name: str, restype) -> ctypes._CFuncPtr:
+    """The plain C function `name` that _C.abi3.so exports beside its ops (extern "C", no torch types),
+    callable through ctypes with return type `restype`."""
+    function = getattr(ctypes.CDLL(_library("_C")), name)
+    function.restype = restype
+    return function

@@ -1,7 +1,7 @@
-"""Scale updates: the fused delayed-scaling op and the current-scaling rule.
+"""Scale updates: the fused delayed-scaling op, and the current-scaling rule computed by it.
 
 ``update_amax_history_and_scale`` is declared in csrc/ops.cpp and implemented
-in csrc/scaling/scaling_{cpu,cuda}_kernels.*, whose glue (scaling_cpu.cpp / scaling_cuda.cpp) checks the arguments.
+in csrc/scale_update/scale_update_{cpu,cuda}_kernels.*, whose glue (scale_update_cpu.cpp / scale_update_cuda.cpp) checks the arguments.
 """
 from __future__ import annotations
 
@@ -63,18 +63,19 @@ def update_amax_history_and_scale(
 def compute_scale(amax: torch.Tensor, fp8_max: float, margin: int, previous_scale: torch.Tensor) -> torch.Tensor:
     """Current scaling: ``fp8_max / amax / 2**margin`` where that is usable, else `previous_scale`.
 
-    The same rule as :func:`update_amax_history_and_scale` with
-    ``amax_compute_algo="most_recent"``, for float32 `amax` and
-    `previous_scale` of the same shape: the new scale is used where amax is
-    finite and > 0 and the result is finite and > 0. Pure, out-of-place torch
-    ops, so it traces under torch.compile. Returns a new tensor.
+    The rule of :func:`update_amax_history_and_scale` with ``amax_compute_algo="most_recent"``, computed
+    by that op (its one definition is csrc/scale_update/scale_rule.h, shared by the CPU and CUDA
+    kernels), for float32 `amax` and `previous_scale` of the same shape: the new scale (fp32 arithmetic,
+    two IEEE divisions) is used where amax is finite and > 0 and the result is finite and > 0. Out of
+    place (the op updates fresh tensors), so it traces under torch.compile. Returns a new tensor.
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     if isinstance(fp8_max, bool) or not isinstance(fp8_max, (int, float)) or not 0 < fp8_max < math.inf:
         raise ValueError(f"fp8_max must be a finite number > 0 (the format's largest value), got {fp8_max!r}")
-    # full_like(...) / amax rather than `fp8_max / amax`: Tensor.__rtruediv__
-    # computes reciprocal(amax) * fp8_max, which rounds twice.
-    candidate = torch.full_like(amax, fp8_max) / amax / (2.0 ** min(margin, 1000))
-    usable = (amax > 0) & torch.isfinite(amax) & (candidate > 0) & torch.isfinite(candidate)
-    return torch.where(usable, candidate, previous_scale)
+    scale = previous_scale.reshape(-1).clone(memory_format=torch.contiguous_format)
+    count = scale.numel()
+    torch.ops.fp8mp.update_amax_history_and_scale(amax.reshape(-1).contiguous(), scale.new_empty(1, count), scale,
+                                                  torch.empty_like(scale), torch.full_like(scale, fp8_max), margin,
+                                                  "most_recent")
+    return scale.view(previous_scale.shape)

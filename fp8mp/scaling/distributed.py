@@ -90,7 +90,7 @@ def remember_modules(group, modules) -> None:
     pending = _PENDING.setdefault(group, {})
     for m in modules:
         # The fine-grained recipes scale each block from its own values: no amax to agree on (recipe.py).
-        if hasattr(m, "fp8_meta") and not isinstance(m.fp8_meta.recipe, BlockRecipe):
+        if not isinstance(m.fp8_meta.recipe, BlockRecipe):
             pending[id(m)] = weakref.ref(m)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -255,6 +255,37 @@ class Fp8Meta(torch.nn.Module):
             if not torch.compiler.is_compiling():  # (a traced call just computes them)
                 self._linear_settings = cached
         return cached[1], cached[2]
+
+    # ------------------------------------------------------------ the scale policy: one method per step
+    def prepare_forward_scales(self, input: torch.Tensor | None, weight: torch.Tensor | None, group=None,
+                               ran_before: bool = False) -> Callable[[torch.Tensor], None] | None:
+        """Set the scales this forward's casts use, per the recipe in use (the caller holds `lock()`).
+
+        Delayed scaling: one update of every scale from the amax history (`step_delayed_scaling`), after
+        reducing the amaxes across `group` when `ran_before` (the module already ran in this fp8_autocast
+        context, so its last amaxes were not reduced at the context's entry). Current scaling (and the
+        first step of delayed scaling): the INPUT and WEIGHT scales from `input` and `weight` themselves,
+        each amax reduced across `group`; None for a tensor cast elsewhere (a fused norm's input, a stored
+        FP8 weight). Returns what backward calls with the output gradient before its cast: None under
+        delayed scaling, else a setter of the GRAD scale from the gradient.
+        """
+        if not self.uses_current_scaling():
+            if group is not None and ran_before:
+                distributed.all_reduce_amax_(self.amax, group)
+            self.step_delayed_scaling()
+            return None
+        if input is not None:
+            self.set_scale_from(INPUT, input, group)
+        if weight is not None:
+            self.set_scale_from(WEIGHT, weight, group)
+        return lambda grad: self.set_scale_from(GRAD, grad, group)
+
+    def forward_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(scale, scale_inv, amax, step_amax) as a forward's casts read and write them: step_amax, into which
+        every cast's amax is folded, only when the forward records gradients (a training step LossScaler
+        checks), else None."""
+        scale, scale_inv, amax, step_amax = self.scaling_buffers()
+        return scale, scale_inv, amax, step_amax if torch.is_grad_enabled() else None
 
     def step_delayed_scaling(self) -> None:
         """Push the last step's amaxes into the history and recompute every scale (one op call)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from fp8mp.ops.validation import check_int
+from fp8mp.scaling.config_checks import check_int
 
 __all__ = ["Format", "MMParams", "DelayedScaling", "CurrentScaling", "RowwiseScaling", "BlockScaling", "MXFP8Scaling",
            "BlockRecipe", "AMAX_COMPUTE_ALGOS", "MXFP8_SCALE_MODES", "gemm_fast_accum"]

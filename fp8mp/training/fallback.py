@@ -36,7 +36,8 @@ import logging
 
 import torch
 
-from fp8mp.ops.validation import check_int
+from fp8mp.nn.fp8_module import Fp8Module
+from fp8mp.scaling.config_checks import check_int
 
 __all__ = ["FallbackPolicy"]
 
@@ -51,10 +52,10 @@ class _LayerState:
 
 
 def _fp8_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The fp8mp modules of `model` (those with an `fp8_meta` and an `fp8_fallback` flag), by name."""
+    """The FP8 modules of `model` (fp8mp.nn.Fp8Module: an `fp8_meta` and an `fp8_fallback` flag), by name."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"FallbackPolicy.step: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
-    return [(name or "<root>", m) for name, m in model.named_modules() if hasattr(m, "fp8_meta") and hasattr(m, "fp8_fallback")]
+    return [(name or "<root>", m) for name, m in model.named_modules() if isinstance(m, Fp8Module)]
 
 
 class FallbackPolicy:

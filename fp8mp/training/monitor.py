@@ -29,8 +29,7 @@ import torch
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.training.cast_stats import CastCounts, count_cast_losses
 from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT
-from fp8mp.nn.conv1d import Conv1D
-from fp8mp.nn.linear import Linear
+from fp8mp.nn.fp8_module import Fp8Module
 
 __all__ = ["Fp8Monitor", "LayerStep", "attach"]
 
@@ -54,10 +53,10 @@ class LayerStep:
 
 
 class Fp8Monitor:
-    """Records FP8 numerics of every `fp8mp.nn.Linear` in `model`, every `every` steps.
+    """Records FP8 numerics of every FP8 module (fp8mp.nn.Fp8Module: Linear, Conv1D) in `model`, every `every` steps.
 
     Args:
-        model: a module containing at least one fp8mp.nn.Linear.
+        model: a module containing at least one FP8 module.
         every: int >= 1; steps 0, every, 2*every, ... are recorded (a step ends at `record_step()`).
         grads: also count saturation/underflow of grad_output (keeps each layer's output
             gradient until the layer's next forward or `record_step()`, on recorded steps only).
@@ -68,9 +67,9 @@ class Fp8Monitor:
             raise TypeError(f"Fp8Monitor: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"Fp8Monitor: argument 'every' must be an int >= 1, got {every!r}")
-        self.layers = {name or "<model>": m for name, m in model.named_modules() if isinstance(m, (Linear, Conv1D))}
+        self.layers = {name or "<model>": m for name, m in model.named_modules() if isinstance(m, Fp8Module)}
         if not self.layers:
-            raise ValueError("Fp8Monitor: argument 'model' has no fp8mp.nn.Linear modules to monitor")
+            raise ValueError("Fp8Monitor: argument 'model' has no FP8 modules (fp8mp.nn.Linear, Conv1D, ...) to monitor")
         self.every, self.grads = every, grads
         self.step = 0
         self.paused = False

@@ -21,15 +21,15 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm import tqdm
 
-from fp8mp.ops.validation import check_int
+from fp8mp.scaling.config_checks import check_int
 from fp8mp.training import rng_state
-from fp8mp.training.checkpoint import CheckpointFolder
+from fp8mp.training.checkpoint_folder import CheckpointFolder
 from fp8mp.training.loss_scaler import LossScaler
 from fp8mp.scaling.autocast import fp8_autocast
 from fp8mp.nn.conversion import convert
 from fp8mp.training.fallback import FallbackPolicy
 from fp8mp.training.monitor import Fp8Monitor
-from fp8mp.nn.linear import Linear
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.lora import apply_lora
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
 from fp8mp.training.trainer_config import TrainerConfig
@@ -130,7 +130,7 @@ class Trainer:
         A tqdm bar (config.progress_bar) shows the loss and the loss scale every config.log_every steps.
 
         checkpoint_dir: save a kill-safe checkpoint there every `checkpoint_every` steps and at the end
-            (fp8mp/training/checkpoint.py: atomic, checksummed, the newest `keep_last` kept): model with its
+            (fp8mp/training/checkpoint_folder.py: atomic, checksummed, the newest `keep_last` kept): model with its
             FP8 scaling state, optimizer, loss scaler, fallback policy, step, every RNG, the position in
             `batches` and the losses so far. Under torch.distributed every rank must call fit alike.
         resume: continue from the newest checkpoint in checkpoint_dir that verifies (a corrupted or
@@ -218,7 +218,7 @@ class Trainer:
             # FP8 scaling state is per rank (without an fp8_group each rank scales from its own shard): each
             # rank keeps its own in its file.
             state["fp8_state"] = {name: m.fp8_meta.state_dict() for name, m in self.model.named_modules()
-                                  if hasattr(m, "fp8_meta")}
+                                  if isinstance(m, Fp8Module)}
             del state["model"], state["optimizer"]
         else:
             sharded = {"model": state.pop("model"), "optimizer": state.pop("optimizer")}
@@ -310,10 +310,11 @@ def prepare_model(model: torch.nn.Module, config: TrainerConfig, recipe) -> torc
             raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} matches no module of the model")
     model = convert(model, module_filter=lambda name, m: not any(name_under(name, p) for p in keep))
     for prefix in keep:
-        already = [n for n, m in model.named_modules() if name_under(n, prefix) and isinstance(m, Linear)]
+        already = [n for n, m in model.named_modules() if name_under(n, prefix) and isinstance(m, Fp8Module)]
         if already:
             raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} covers {already}, which the "
-                             "model already builds as fp8mp.nn.Linear; build them as torch.nn.Linear to keep them")
+                             "model already builds as FP8 modules (fp8mp.nn.Linear, ...); build them as torch modules "
+                             "to keep them")
     _apply_format_overrides(model, config, recipe)
     if config.lora is not None:
         lora = config.lora
@@ -323,7 +324,7 @@ def prepare_model(model: torch.nn.Module, config: TrainerConfig, recipe) -> torc
 
 def _apply_format_overrides(model: torch.nn.Module, config: TrainerConfig, recipe) -> None:
     """Set `fp8_recipe` on the converted modules under each prefix (the longest matching prefix wins)."""
-    converted = {name: m for name, m in model.named_modules() if hasattr(m, "fp8_meta") and hasattr(m, "fp8_recipe")}
+    converted = {name: m for name, m in model.named_modules() if isinstance(m, Fp8Module)}
     recipes = {config.fp8_format: recipe}
     for prefix, fmt in sorted(config.format_overrides, key=lambda pair: len(pair[0])):
         matched = [m for name, m in converted.items() if name_under(name, prefix)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from fp8mp.scaling.recipe import (AMAX_COMPUTE_ALGOS, BlockScaling, CurrentScaling, DelayedScaling, Format, MXFP8Scaling,
                                   Recipe, RowwiseScaling)
-from fp8mp.ops.validation import check_int
+from fp8mp.scaling.config_checks import check_int
 
 __all__ = ["TrainerConfig", "LoRAConfig"]
 

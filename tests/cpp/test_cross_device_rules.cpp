@@ -18,7 +18,7 @@
 #include "float_bits.h"
 #include "common/nan_keeping_scale.h"
 #include "norm/norm_cpu_kernels.h"
-#include "scaling/scaling_rule.h"
+#include "scale_update/scale_rule.h"
 
 using fp8mp::BlockGemmPath;
 using fp8mp::BlockGemmRecipe;

@@ -17,7 +17,7 @@ import hf_models  # noqa: F401  (HF_HUB_OFFLINE)
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("fp8mp.integrations.hf")
 from fp8mp.integrations import hf_moe  # noqa: E402
-from fp8mp.nn.checkpoint import split_fp8_state  # noqa: E402
+from fp8mp.nn.fp8_state_dict import split_fp8_state  # noqa: E402
 
 VOCAB = 128
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import fp8mp
-from fp8mp.training import checkpoint
+from fp8mp.training import checkpoint_folder
 
 STEPS, BATCH = 24, 8
 
@@ -69,7 +69,7 @@ def main(checkpoint_dir: str, result_dir: str, mode: str) -> None:
             if fsyncs["n"] == 6:
                 die()
             return real_fsync(fd)
-        checkpoint.os.fsync = fsync
+        checkpoint_folder.os.fsync = fsync
 
     losses = trainer.fit(batches, loss_fn, checkpoint_dir=checkpoint_dir, checkpoint_every=3, keep_last=2)
     torch.save({"losses": losses, "model": trainer.model.module.state_dict(), "optimizer": trainer.optimizer.state_dict(),

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import fp8mp
-from fp8mp.training import checkpoint
+from fp8mp.training import checkpoint_folder
 
 STEPS, BATCH, CHECKPOINT_EVERY, KEEP_LAST = 60, 16, 3, 2
 
@@ -39,7 +39,7 @@ def arm(mode: str, n: int) -> None:
 
     if mode == "--die-at-fsync":
         real_fsync = os.fsync
-        checkpoint.os.fsync = lambda fd: (countdown(), real_fsync(fd))[1]
+        checkpoint_folder.os.fsync = lambda fd: (countdown(), real_fsync(fd))[1]
     else:
         class HalfThenDie:
             """A file whose n-th large write stops halfway and kills the process."""
@@ -69,7 +69,7 @@ def arm(mode: str, n: int) -> None:
             f = open(path, mode, *args, **kwargs)
             return HalfThenDie(f) if "w" in mode else f
 
-        checkpoint.open = half_then_die_open
+        checkpoint_folder.open = half_then_die_open
 
 
 def make_data() -> torch.utils.data.DataLoader:

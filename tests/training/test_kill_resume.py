@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from fp8mp.training.checkpoint import CheckpointFolder, write_file
+from fp8mp.training.checkpoint_folder import CheckpointFolder, write_file
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(WORKER)))
@@ -127,12 +127,12 @@ def test_keep_last_keeps_the_newest(tmp_path):
 
 
 def test_no_half_written_file_under_a_final_name(tmp_path, monkeypatch):
-    from fp8mp.training import checkpoint
+    from fp8mp.training import checkpoint_folder
 
     def fail(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint.os, "fsync", fail)
+    monkeypatch.setattr(checkpoint_folder.os, "fsync", fail)
     with pytest.raises(OSError, match="disk full"):
         write_file(tmp_path / "step-000000001.ckpt", {"x": torch.zeros(8)})
     assert CheckpointFolder(tmp_path).steps() == []

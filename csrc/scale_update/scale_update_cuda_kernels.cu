@@ -7,8 +7,8 @@
 // up only reads rows below lo - 1 and writes row lo - 1 after its own sync, so
 // every element is read before it is overwritten, for any H, without a
 // scratch buffer. The values moved are reduced on the way (NaN-propagating
-// max) and thread 0 applies scaling_rule.h, the CPU's rule, with IEEE division.
-#include "scaling/scaling_cuda_kernels.cuh"
+// max) and thread 0 applies scale_rule.h, the CPU's rule, with IEEE division.
+#include "scale_update/scale_update_cuda_kernels.cuh"
 
 #include <stdexcept>
 #include <string>

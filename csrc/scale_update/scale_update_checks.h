@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/op_checks.h"
-#include "scaling/scaling_rule.h"
+#include "scale_update/scale_rule.h"
 
 namespace fp8mp {
 

@@ -1,10 +1,10 @@
 // CPU glue of update_amax_history_and_scale (stable ABI): argument checks and
-// registration around the torch-free kernel of scaling_cpu_kernels.cpp.
+// registration around the torch-free kernel of scale_update_cpu_kernels.cpp.
 #include <limits>
 
 #include "common/stable.h"
-#include "scaling/scaling_checks.h"
-#include "scaling/scaling_cpu_kernels.h"
+#include "scale_update/scale_update_checks.h"
+#include "scale_update/scale_update_cpu_kernels.h"
 
 namespace fp8mp {
 namespace {

@@ -1,8 +1,8 @@
 // CUDA glue of update_amax_history_and_scale (stable ABI): argument checks,
-// device guard and registration around the torch-free kernel of scaling_cuda_kernels.cu.
+// device guard and registration around the torch-free kernel of scale_update_cuda_kernels.cu.
 #include "common/stable_cuda.h"
-#include "scaling/scaling_checks.h"
-#include "scaling/scaling_cuda_kernels.cuh"
+#include "scale_update/scale_update_checks.h"
+#include "scale_update/scale_update_cuda_kernels.cuh"
 
 namespace fp8mp {
 namespace {

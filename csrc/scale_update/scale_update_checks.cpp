@@ -1,4 +1,4 @@
-#include "scaling/scaling_checks.h"
+#include "scale_update/scale_update_checks.h"
 
 namespace fp8mp {
 

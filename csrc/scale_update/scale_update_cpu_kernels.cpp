@@ -1,7 +1,7 @@
 // CPU implementation of update_amax_history_and_scale: one pass over the
 // group's history (a memmove rolls every column at once), no per-tensor loop
 // outside C++.
-#include "scaling/scaling_cpu_kernels.h"
+#include "scale_update/scale_update_cpu_kernels.h"
 
 #include <cstring>
 #include <vector>

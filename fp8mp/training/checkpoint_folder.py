@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from fp8mp.ops.validation import check_int
+from fp8mp.scaling.config_checks import check_int
 
 __all__ = ["CheckpointFolder", "CorruptCheckpoint"]
 
