@@ -10,10 +10,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
-    # Every test with "cuda" in its name carries the `cuda` marker, so `pytest -m cuda`
-    # (benchmarks/gpu_check.sh) selects all GPU tests even where a file forgot the marker.
+    # Every test function with "cuda" in its name carries the `cuda` marker, so `pytest -m cuda`
+    # (benchmarks/gpu_check.sh) selects all GPU tests even where a file forgot the marker. The function's
+    # name, not a parametrized id: a CPU test of a path such as fp8mp/_cuda_ops.abi3.so is no GPU test.
     for item in items:
-        if "cuda" in item.name.lower():
+        if "cuda" in getattr(item, "originalname", item.name).lower():
             item.add_marker(pytest.mark.cuda)
 
 

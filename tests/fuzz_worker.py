@@ -234,16 +234,21 @@ def fuzz_gemm(data):
     out = call("fp8_gemm", lambda **kw: ops.fp8_gemm(*kw.values()), args, bad)
     if out is None:
         return
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    assert_gemm_close(out, a, b, float(sa), float(sb), bias)
+
+
+def assert_gemm_close(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, sa: float, sb: float, bias) -> None:
+    """out = a @ b.T * sa * sb + bias against float64, with fp32 accumulation's tolerance and one rounding."""
     a64, b64 = a.float().double(), b.float().double()
-    scale = float(sa) * float(sb)
+    scale = sa * sb
     want = (a64 @ b64.t()) * scale + (bias.double() if bias is not None else 0.0)
     abs_sum = (a64.abs() @ b64.abs().t()) * scale + (bias.double().abs() if bias is not None else 0.0)
-    info = torch.finfo(out_dtype)
+    info = torch.finfo(out.dtype)
     tol = info.eps * want.abs().nan_to_num(0, 0, 0) + info.tiny + 1e-5 * abs_sum.nan_to_num(0, 0, 0)
-    assert out.shape == (m, n) and out.dtype == out_dtype
     # Where a NaN or Inf code meets the sum, the fp32 result is non-finite exactly where float64's is;
     # past out_dtype's range the rounding overflows to Inf.
-    top = torch.tensor(info.max, dtype=out_dtype)
+    top = torch.tensor(info.max, dtype=out.dtype)
     overflow = info.max + (info.max - torch.nextafter(top, torch.zeros_like(top)).item()) / 2  # rounds to Inf from here
     want = torch.where(want.abs() >= overflow, want.sign() * math.inf, want)
     assert_close64(out, want, tol)
@@ -536,6 +541,12 @@ def fuzz_block_scaled_gemm(data):
     assert out.shape == (m, n) and out.dtype == out_dtype
     if meta:
         return
+    assert_block_gemm_close(out, a, sa, b, sb, a_rows, b_rows, block_k, bias)
+
+
+def assert_block_gemm_close(out, a, sa, b, sb, a_rows: int, b_rows: int, block_k: int, bias) -> None:
+    """out against the block-scaled GEMM's float64 reference: fp32 accumulation's tolerance per K block."""
+    m, k, n = a.shape[0], a.shape[1], b.shape[0]
     want = block_gemm_reference(a, sa, b, sb, a_rows, b_rows, block_k, bias, torch.float32).double()
     sa_rows = sa.float().double().repeat_interleave(a_rows, 0)[:m]
     sb_rows = sb.float().double().repeat_interleave(b_rows, 0)[:n]
@@ -543,9 +554,266 @@ def fuzz_block_scaled_gemm(data):
     for c, k0 in enumerate(range(0, k, block_k)):
         part = a.float().double()[:, k0:k0 + block_k].abs() @ b.float().double()[:, k0:k0 + block_k].abs().T
         abs_sum += part * (sa_rows[:, c:c + 1] * sb_rows[:, c].unsqueeze(0))
-    info = torch.finfo(out_dtype)
+    info = torch.finfo(out.dtype)
     tol = info.eps * want.abs() + 1e-5 * abs_sum + info.tiny
-    assert_close64(out, want.to(out_dtype).double() if out_dtype != torch.float32 else want, tol + info.eps * want.abs())
+    assert_close64(out, want.to(out.dtype).double() if out.dtype != torch.float32 else want, tol + info.eps * want.abs())
+
+
+# ----------------------------------------------------------------------------- grouped GEMMs
+@st.composite
+def group_offsets(draw, max_groups: int = 5, max_rows: int = 4) -> tuple[list[int], torch.Tensor]:
+    """(rows per group, offs): torch._grouped_mm's int32 cumulative ends; empty groups included."""
+    counts = draw(st.lists(st.integers(0, max_rows), min_size=1, max_size=max_groups))
+    return counts, torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def bad_offsets(offs: torch.Tensor, total: int) -> list[torch.Tensor]:
+    """offs made bad: int64, two groups' ends swapped where that decreases, an end short of the token count."""
+    bad = [offs.long(), torch.tensor([total + 1], dtype=torch.int32).expand(offs.shape[0]).clone()]
+    if total > 0:
+        short = offs.clone()
+        short[-1] = total - 1
+        bad.append(short)
+    return bad
+
+
+def group_bounds(counts: list[int]) -> list[tuple[int, int]]:
+    ends = [sum(counts[:i + 1]) for i in range(len(counts))]
+    return [(end - count, end) for count, end in zip(counts, ends)]
+
+
+@fuzz_target
+def fuzz_grouped_gemm(data):
+    draw = data.draw
+    counts, offs = draw(group_offsets())
+    groups, m = len(counts), sum(counts)
+    k, n = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
+    out_dtype = draw(st.sampled_from(HIGH))
+    codes = draw(st.lists(st.integers(0, 255), min_size=m * k, max_size=m * k))
+    a = draw(laid_out(torch.tensor(codes, dtype=torch.uint8).reshape(m, k).view(FP8_DTYPES[fa]).clone()))
+    b = finite_codes(draw, [groups, n, k], fb)
+    sa = scalar(draw(st.sampled_from([1.0, 2.0**-8, 3.0])))
+    sb = torch.tensor(draw(st.lists(st.sampled_from([1.0, 0.5, 2.0**-12, 7.0]), min_size=groups, max_size=groups)))
+    bias = draw(floats_tensor([groups, n], out_dtype, finite_max=1e3)) if draw(st.booleans()) else None
+    args = {"a": a, "a_scale_inv": sa, "b": b, "b_scale_inv": sb, "offs": offs, "bias": bias, "out_dtype": out_dtype}
+    bad = corrupt(draw, args, {"a": [a.float()], "b": [torch.zeros(groups + 1, n, k, dtype=FP8_DTYPES[fb]),
+                                                      torch.zeros(groups, n, k + 8, dtype=FP8_DTYPES[fb])],
+                               "a_scale_inv": [sa.double(), torch.ones(2)], "b_scale_inv": [torch.ones(1, groups).double()],
+                               "offs": bad_offsets(offs, m), "bias": [torch.zeros(groups, n + 1, dtype=out_dtype)],
+                               "out_dtype": [torch.int32]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("fp8_grouped_gemm", lambda **kw: ops.fp8_grouped_gemm(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    if meta:
+        return
+    for g, (start, end) in enumerate(group_bounds(counts)):
+        assert_gemm_close(out[start:end], a[start:end], b[g], float(sa), float(sb[g]),
+                          bias[g] if bias is not None else None)
+
+
+@fuzz_target
+def fuzz_grouped_gemm_wgrad(data):
+    draw = data.draw
+    counts, offs = draw(group_offsets())
+    tokens = sum(counts)
+    n, k = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
+    out_dtype = draw(st.sampled_from(HIGH))
+    a = draw(laid_out(finite_codes(draw, [n, tokens], fa)))
+    b = draw(laid_out(finite_codes(draw, [k, tokens], fb)))
+    sa, sb = scalar(draw(st.sampled_from([1.0, 2.0**-8, 3.0]))), scalar(draw(st.sampled_from([1.0, 0.5, 2.0**-12])))
+    args = {"a": a, "a_scale_inv": sa, "b": b, "b_scale_inv": sb, "offs": offs, "out_dtype": out_dtype}
+    bad = corrupt(draw, args, {"a": [a.float(), finite_codes(draw, [n + 8, tokens], fa)[:n + 3]],
+                               "b": [finite_codes(draw, [k, tokens + 1], fb)], "a_scale_inv": [torch.ones(3)],
+                               "b_scale_inv": [sb.half()], "offs": bad_offsets(offs, tokens),
+                               "out_dtype": [torch.float64]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("fp8_grouped_gemm_wgrad", lambda **kw: ops.fp8_grouped_gemm_wgrad(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    assert out.shape == (len(counts), n, k) and out.dtype == out_dtype
+    if meta:
+        return
+    for g, (start, end) in enumerate(group_bounds(counts)):
+        assert_gemm_close(out[g], a[:, start:end], b[:, start:end], float(sa), float(sb), None)
+
+
+@fuzz_target
+def fuzz_block_scaled_grouped_gemm(data):
+    draw = data.draw
+    counts, offs = draw(group_offsets())
+    groups, m = len(counts), sum(counts)
+    k, n = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+    b_rows, block_k = draw(st.sampled_from([1, 3, 16])), draw(st.sampled_from([8, 16, 32]))
+    fa, fb = draw(st.sampled_from([("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")]))
+    e8m0, out_dtype = draw(st.booleans()), draw(st.sampled_from(HIGH))
+    chunks = -(-k // block_k)
+
+    def scales(*shape):
+        exps = draw(st.lists(st.integers(-12, 6), min_size=math.prod(shape), max_size=math.prod(shape)))
+        s = torch.tensor([2.0**e for e in exps], dtype=torch.float32).reshape(shape)
+        return s.to(torch.float8_e8m0fnu) if e8m0 else s * draw(st.sampled_from([1.0, 1.5, 0.75]))
+
+    a, b = draw(laid_out(finite_codes(draw, [m, k], fa))), finite_codes(draw, [groups, n, k], fb)
+    sa, sb = scales(m, chunks), scales(groups, -(-n // b_rows), chunks)
+    bias = draw(floats_tensor([groups, n], out_dtype, finite_max=1e3)) if draw(st.booleans()) else None
+    args = {"a": a, "a_scale_inv": sa, "b": b, "b_scale_inv": sb, "offs": offs, "a_block_rows": 1,
+            "b_block_rows": b_rows, "block_k": block_k, "bias": bias, "out_dtype": out_dtype}
+    bad = corrupt(draw, args, {"a": [a.float()], "a_scale_inv": [torch.ones(m + 1, chunks)],
+                               "b_scale_inv": [sb.double()], "offs": bad_offsets(offs, m), "a_block_rows": [2],
+                               "b_block_rows": [0], "block_k": [0], "out_dtype": [torch.int32]})
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    out = call("block_scaled_grouped_gemm", lambda **kw: ops.block_scaled_grouped_gemm(*kw.values()), call_args, bad)
+    if out is None:
+        return
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    if meta:
+        return
+    for g, (start, end) in enumerate(group_bounds(counts)):
+        assert_block_gemm_close(out[start:end], a[start:end], sa[start:end], b[g], sb[g], 1, b_rows, block_k,
+                                bias[g] if bias is not None else None)
+
+
+# ----------------------------------------------------------------------------- optimizer steps
+E4M3_STEP = 2.0**-3  # E4M3's relative spacing (3 mantissa bits): a stochastic rounding moves by less
+E4M3_SUBNORMAL = 2.0**-9  # E4M3's smallest subnormal, in the block's units (448 = the block's amax)
+OPT_STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn]
+
+
+def optimizer_state(draw, numel: int, dtype: torch.dtype, second_moment: bool):
+    """(state, scale or None, the float64 values the rule sees): random values (>= 0 for a second moment), FP8
+    ones per 128-element block, AdamW's second moment in FP8 as sqrt(v)."""
+    sqrt_domain = second_moment and dtype == torch.float8_e4m3fn
+    values = torch.tensor(draw(st.lists(st.sampled_from([0.0, 1e-3, -0.25, 0.5, 3.0, -7.0]),
+                                        min_size=numel, max_size=numel)), dtype=torch.float32)
+    if second_moment:
+        values = values.abs()
+    if dtype != torch.float8_e4m3fn:  # float32 and bfloat16 states hold the value itself
+        state = values.to(dtype)
+        return state, None, state.double()
+    blocks = fp8mp.ops.optim.state_scale_numel(numel)
+    scale = torch.tensor(draw(st.lists(st.sampled_from([0.0, 2.0**-10, 0.01, 1.0]), min_size=blocks,
+                                       max_size=blocks)), dtype=torch.float32)
+    state = values.clamp(-448, 448).to(torch.float8_e4m3fn)
+    stored = state.float().double() * scale.double().repeat_interleave(128)[:numel]
+    return state, scale, stored * stored if sqrt_domain else stored
+
+
+def assert_state_close(state, scale, want64: torch.Tensor, sqrt_domain: bool) -> None:
+    """A new state against its float64 value: float32 to fp32 rounding, bfloat16 and FP8 within one step of their
+    grids (stochastic rounding picks a neighbour), FP8 with scale = block amax / 448 of what it stores (sqrt(v)
+    for AdamW's second moment)."""
+    if state.dtype != torch.float8_e4m3fn:
+        rel = 1e-6 if state.dtype == torch.float32 else 2.0**-7 + 1e-6
+        assert bool(((state.double() - want64).abs() <= rel * want64.abs() + 1e-30).all()), "state off its grid"
+        return
+    stored = want64.sqrt() if sqrt_domain else want64
+    numel = stored.numel()
+    padded = torch.zeros(scale.numel() * 128, dtype=torch.float64)
+    padded[:numel] = stored.abs()
+    block_amax = padded.reshape(-1, 128).amax(1)
+    assert torch.allclose(scale.double(), block_amax / 448, rtol=1e-6, atol=0), "block scales differ from amax / 448"
+    per_element = block_amax.repeat_interleave(128)[:numel] / 448
+    got = state.float().double() * scale.double().repeat_interleave(128)[:numel]
+    tol = E4M3_STEP * stored.abs() + E4M3_SUBNORMAL * per_element + 1e-6 * stored.abs()
+    assert bool(((got - stored).abs() <= tol).all()), "FP8 state off its grid"
+
+
+def optimizer_args(draw, lion: bool):
+    numel = draw(st.sampled_from([0, 1, 5, 130, 300]))
+    shape = [numel] if numel < 100 or draw(st.booleans()) else [numel // 10, 10] if numel % 10 == 0 else [numel]
+    param_dtype, state_dtype = draw(st.sampled_from([torch.float32, torch.bfloat16])), draw(st.sampled_from(OPT_STATE_DTYPES))
+    pool = st.sampled_from([0.0, 1e-3, -0.5, 2.0, -3.0, 0.125])
+    param = torch.tensor(draw(st.lists(pool, min_size=numel, max_size=numel)), dtype=torch.float32).to(param_dtype)
+    grad = torch.tensor(draw(st.lists(pool, min_size=numel, max_size=numel)), dtype=torch.float32).to(
+        draw(st.sampled_from([torch.float32, torch.bfloat16])))
+    m, m_scale, m64 = optimizer_state(draw, numel, state_dtype, second_moment=False)
+    args = {"param": param.reshape(shape), "grad": grad.reshape(shape), "exp_avg": m.reshape(shape), "exp_avg_scale": m_scale}
+    seen = {"exp_avg": m64}
+    if not lion:
+        v, v_scale, v64 = optimizer_state(draw, numel, state_dtype, second_moment=True)
+        args.update(exp_avg_sq=v.reshape(shape), exp_avg_sq_scale=v_scale)
+        seen["exp_avg_sq"] = v64
+    args.update(step=torch.tensor([draw(st.integers(0, 5))], dtype=torch.int64),
+                found_inf=draw(st.sampled_from([None, torch.zeros(1), torch.ones(1)])),
+                lr=draw(st.sampled_from([0.0, 1e-3, 0.1])), beta1=draw(st.sampled_from([0.0, 0.9])),
+                beta2=draw(st.sampled_from([0.0, 0.99] if lion else [0.0, 0.999])))
+    if not lion:
+        args["eps"] = draw(st.sampled_from([1e-8, 1e-3]))
+    args.update(weight_decay=draw(st.sampled_from([0.0, 0.01])), seed=draw(st.integers(-2**63, 2**63 - 1)))
+    bad_values = {"param": [args["param"].double()], "grad": [torch.zeros(numel + 1)],
+                  "exp_avg": [args["exp_avg"].half()], "step": [args["step"].int()],
+                  "found_inf": [torch.zeros(1, dtype=torch.float64)], "lr": [-1.0, math.nan],
+                  "beta1": [1.5, -0.1], "weight_decay": [math.inf]}
+    if not lion:
+        bad_values.update(beta1=[1.0], eps=[0.0, math.inf])
+    if state_dtype == torch.float8_e4m3fn:
+        bad_values["exp_avg_scale"] = [None, torch.zeros(m_scale.numel() + 1)]
+    else:
+        bad_values["exp_avg_scale"] = [torch.zeros(1)]
+    return args, seen, bad_values
+
+
+def fuzz_optimizer_step(data, lion: bool):
+    draw = data.draw
+    args, seen, bad_values = optimizer_args(draw, lion)
+    bad = corrupt(draw, args, bad_values)
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    name = "lion_step" if lion else "adamw_step"
+    out = call(name, lambda **kw: getattr(ops, name)(*kw.values()), call_args, bad)
+    if bad is not None or meta:
+        return
+    assert out is None
+    skipped = args["found_inf"] is not None and float(args["found_inf"]) != 0
+    if skipped:  # nothing changes, the step count included
+        for key, value in before.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(args[key].view(torch.uint8), value.view(torch.uint8)), f"{key} changed in a skipped step"
+        return
+    assert int(args["step"]) == int(before["step"]) + 1
+    p64, g64 = before["param"].double().reshape(-1), before["grad"].double().reshape(-1)
+    m0 = seen["exp_avg"]
+    lr, b1, b2, wd, t = args["lr"], args["beta1"], args["beta2"], args["weight_decay"], int(args["step"])
+    if lion:  # Chen et al. (2023), decoupled weight decay
+        direction = b1 * m0 + (1 - b1) * g64
+        want_p = p64 * (1 - lr * wd) - lr * direction.sign()
+        # A direction within fp32 rounding of 0 may take either sign (or none) in fp32.
+        ambiguous = direction.abs() <= 1e-6 * (b1 * m0.abs() + (1 - b1) * g64.abs())
+        # lr itself reaches the kernel rounded to fp32.
+        tol = torch.where(ambiguous, torch.full_like(p64, 2 * lr), torch.full_like(p64, 1e-6 * lr))
+        want_states = {"exp_avg": b2 * m0 + (1 - b2) * g64}
+    else:  # torch.optim.AdamW's formula (Loshchilov & Hutter), t = the step count after this step
+        m = b1 * m0 + (1 - b1) * g64
+        v = b2 * seen["exp_avg_sq"] + (1 - b2) * g64 * g64
+        update = lr / (1 - b1**t) * m / (v.sqrt() / math.sqrt(1 - b2**t) + args["eps"])
+        want_p = p64 * (1 - lr * wd) - update
+        tol = 1e-5 * update.abs()
+        want_states = {"exp_avg": m, "exp_avg_sq": v}
+    tol = tol + 1e-6 * p64.abs() + 1e-30
+    if args["param"].dtype == torch.bfloat16:  # stochastic rounding: one bf16 step at most
+        tol = tol + 2.0**-7 * want_p.abs() + 2.0**-133
+    got_p = args["param"].double().reshape(-1)
+    assert bool(((got_p - want_p).abs() <= tol).all()), f"{name}: parameter off by {(got_p - want_p).abs().max():.3g}"
+    for key, want in want_states.items():
+        assert_state_close(args[key].reshape(-1), args.get(key + "_scale"), want, sqrt_domain=key == "exp_avg_sq")
+
+
+@fuzz_target
+def fuzz_adamw_step(data):
+    fuzz_optimizer_step(data, lion=False)
+
+
+@fuzz_target
+def fuzz_lion_step(data):
+    fuzz_optimizer_step(data, lion=True)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -670,6 +938,11 @@ TARGETS = {
     "block_quantize_transpose": (fuzz_block_quantize_transpose, {"block_quantize_transpose"}),
     "norm_fwd_block_fp8": (fuzz_norm_fwd_block_fp8, {"norm_fwd_block_fp8"}),
     "block_scaled_gemm": (fuzz_block_scaled_gemm, {"block_scaled_gemm"}),
+    "grouped_gemm": (fuzz_grouped_gemm, {"fp8_grouped_gemm"}),
+    "grouped_gemm_wgrad": (fuzz_grouped_gemm_wgrad, {"fp8_grouped_gemm_wgrad"}),
+    "block_scaled_grouped_gemm": (fuzz_block_scaled_grouped_gemm, {"block_scaled_grouped_gemm"}),
+    "adamw_step": (fuzz_adamw_step, {"adamw_step"}),
+    "lion_step": (fuzz_lion_step, {"lion_step"}),
     "modules": (fuzz_modules, set()),
 }
 

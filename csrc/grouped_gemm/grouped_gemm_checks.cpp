@@ -27,9 +27,9 @@ void check_offs(const Tensor& offs, const Tensor& a, const char* op) {
                     shape_str(offs));
 }
 
-void check_multiple_of_16(int64_t size, const char* op, const char* what) {
-  FP8MP_CHECK_VALUE(size % kAlign == 0, op, ": ", what, " must be a multiple of 16 (cuBLASLt's FP8 alignment), got ",
-                    size);
+void check_multiple_of_16(int64_t size, const char* op, const char* arg, const char* what) {
+  FP8MP_CHECK_VALUE(size % kAlign == 0, op, ": argument '", arg, "' must have ", what,
+                    " a multiple of 16 (cuBLASLt's FP8 alignment), got ", size);
 }
 
 // a [M, K] and b [G, N, K] with G = offs.size(0), K and N multiples of 16, bias [G, N]: the M-grouped GEMMs' shapes.
@@ -44,8 +44,8 @@ void check_m_grouped_shapes(const Tensor& a, const Tensor& b, const Tensor& offs
                     ", got shape ", shape_str(b));
   FP8MP_CHECK_VALUE(b.size(2) == a.size(1), op, ": argument 'b' must be [G, N, K] with K = a.size(1) = ", a.size(1),
                     " (out = a @ b[g].T), got shape ", shape_str(b));
-  check_multiple_of_16(a.size(1), op, "K = a.size(1)");
-  check_multiple_of_16(b.size(1), op, "N = b.size(1)");
+  check_multiple_of_16(a.size(1), op, "a", "K = a.size(1)");
+  check_multiple_of_16(b.size(1), op, "b", "N = b.size(1)");
   if (!bias.has_value()) return;
   const Tensor& t = *bias;
   FP8MP_CHECK(t.scalar_type() == out_dtype, op, ": argument 'bias' must have dtype out_dtype = ", dtype_str(out_dtype),
@@ -120,8 +120,8 @@ GroupedGemmFormats check_fp8_grouped_gemm_wgrad_args(const Tensor& a, const Tens
   FP8MP_CHECK_VALUE(b.dim() == 2, op, ": argument 'b' must be 2-D [K, T], got shape ", shape_str(b));
   FP8MP_CHECK_VALUE(b.size(1) == a.size(1), op, ": argument 'b' must be [K, T] with T = a.size(1) = ", a.size(1),
                     " (out[g] = a[:, group g] @ b[:, group g].T), got shape ", shape_str(b));
-  check_multiple_of_16(a.size(0), op, "N = a.size(0)");
-  check_multiple_of_16(b.size(0), op, "K = b.size(0)");
+  check_multiple_of_16(a.size(0), op, "a", "N = a.size(0)");
+  check_multiple_of_16(b.size(0), op, "b", "K = b.size(0)");
   return formats;
 }
 

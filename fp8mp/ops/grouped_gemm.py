@@ -54,8 +54,9 @@ def _check_offs(offs, a, op: str) -> None:
              f"{op}: argument 'offs' must be 1-D [G] with G >= 1 (the groups' cumulative ends), got shape {sizes(offs)}")
 
 
-def _check_multiple_of_16(size, op: str, what: str) -> None:
-    _require(size % 16 == 0, ValueError, f"{op}: {what} must be a multiple of 16 (cuBLASLt's FP8 alignment), got {size}")
+def _check_multiple_of_16(size, op: str, arg: str, what: str) -> None:
+    _require(size % 16 == 0, ValueError,
+             f"{op}: argument '{arg}' must have {what} a multiple of 16 (cuBLASLt's FP8 alignment), got {size}")
 
 
 def _check_m_grouped_shapes(a, b, offs, bias, out_dtype, op: str) -> None:
@@ -70,8 +71,8 @@ def _check_m_grouped_shapes(a, b, offs, bias, out_dtype, op: str) -> None:
     _require(b.shape[2] == a.shape[1], ValueError,
              f"{op}: argument 'b' must be [G, N, K] with K = a.size(1) = {a.shape[1]} (out = a @ b[g].T), "
              f"got shape {sizes(b)}")
-    _check_multiple_of_16(a.shape[1], op, "K = a.size(1)")
-    _check_multiple_of_16(b.shape[1], op, "N = b.size(1)")
+    _check_multiple_of_16(a.shape[1], op, "a", "K = a.size(1)")
+    _check_multiple_of_16(b.shape[1], op, "b", "N = b.size(1)")
     if bias is not None:
         _require(bias.dtype == out_dtype, RuntimeError,
                  f"{op}: argument 'bias' must have dtype out_dtype = {checks.dtype_name(out_dtype)}, "
@@ -137,8 +138,8 @@ def check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_
     _require(b.shape[1] == a.shape[1], ValueError,
              f"{op}: argument 'b' must be [K, T] with T = a.size(1) = {a.shape[1]} "
              f"(out[g] = a[:, group g] @ b[:, group g].T), got shape {sizes(b)}")
-    _check_multiple_of_16(a.shape[0], op, "N = a.size(0)")
-    _check_multiple_of_16(b.shape[0], op, "K = b.size(0)")
+    _check_multiple_of_16(a.shape[0], op, "a", "N = a.size(0)")
+    _check_multiple_of_16(b.shape[0], op, "b", "K = b.size(0)")
 
 
 @torch.library.register_fake(_OP)

@@ -65,7 +65,7 @@ def _with_cuda_library(monkeypatch, nvcc: str, torch_cuda: str | None):
     monkeypatch.setattr(torch.version, "cuda", torch_cuda)
 
 
-def test_kernels_compiled_by_another_cuda_major_than_torchs_are_refused(monkeypatch, loads):
+def test_kernels_compiled_by_another_major_toolkit_than_torchs_are_refused(monkeypatch, loads):
     # The build's torch had CUDA 13.0 like the runtime torch, but nvcc was 12.9: the guard compares nvcc's.
     _with_cuda_library(monkeypatch, nvcc="12.9", torch_cuda="13.0")
     with pytest.raises(ImportError, match=r"compiled by nvcc 12\.9 \(CUDA 12\), but this torch uses CUDA 13\.0: "
@@ -74,7 +74,7 @@ def test_kernels_compiled_by_another_cuda_major_than_torchs_are_refused(monkeypa
     assert loads == ["/fake/_C.abi3.so"]  # the CPU library, never the CUDA one
 
 
-def test_the_guard_reads_nvccs_release_not_the_build_torchs_cuda(monkeypatch, loads):
+def test_the_guard_reads_nvccs_release_not_the_toolkit_of_the_build_torch(monkeypatch, loads):
     # nvcc 13.0 built the kernels inside a torch of CUDA 12.8: a CUDA 13 torch loads them.
     monkeypatch.setattr(native, "_build_info",
                         lambda: build_info(CUDA="13.0", BUILT_WITH_TORCH_CUDA="12.8"))
@@ -84,7 +84,7 @@ def test_the_guard_reads_nvccs_release_not_the_build_torchs_cuda(monkeypatch, lo
     assert loads == ["/fake/_C.abi3.so", "/fake/_cuda_ops.abi3.so"]
 
 
-def test_a_cpu_torch_skips_the_cuda_library_without_error(monkeypatch, loads):
+def test_a_cpu_torch_skips_the_gpu_library_without_error(monkeypatch, loads):
     _with_cuda_library(monkeypatch, nvcc="12.9", torch_cuda=None)
     assert native._load() is False
     assert loads == ["/fake/_C.abi3.so"]

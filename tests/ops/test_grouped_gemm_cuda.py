@@ -1,0 +1,55 @@
+"""The grouped GEMMs on a GPU: each group against the float64 reference with fp32 accumulation's bound, as
+tests/ops/test_gemm_cuda.py holds fp8_gemm (cuBLASLt's accumulation order is not the CPU's, so not bit for bit),
+and an empty group writes nothing into the forward output and zeros into its weight gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp8mp
+from fp8mp.ops import fp8_grouped_gemm, fp8_grouped_gemm_wgrad
+from gemm_reference import FORMAT_PAIRS, OUT_DTYPES, assert_close_to_reference, fp8_randn, reference_f64, scalar
+from test_grouped_gemm import GROUPINGS, group_ranges, grouped_operands, offsets
+
+needs_fp8_gpu = pytest.mark.skipif(
+    not (fp8mp.cuda_kernels_available() and torch.cuda.get_device_capability() >= (8, 9)),
+    reason="needs fp8mp CUDA kernels and a GPU of compute capability >= 8.9")
+CUDA_GROUPINGS = ["with_empty_groups", "one_group_all", "top8_e64"]
+
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("grouping", CUDA_GROUPINGS)
+@pytest.mark.parametrize("a_dtype,b_dtype", FORMAT_PAIRS, ids=lambda d: str(d).split("_")[-1])
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_cuda_grouped_gemm_each_group_within_the_fp64_bound(grouping, a_dtype, b_dtype, out_dtype):
+    counts = GROUPINGS[grouping]
+    N, K = 32, 48
+    a, b, b_scale_inv = grouped_operands(counts, N, K, a_dtype, b_dtype, seed=len(counts))
+    bias = (torch.randn(len(counts), N) * 2).to(out_dtype)
+    out = fp8_grouped_gemm(a.cuda(), scalar(0.37, "cuda"), b.cuda(), b_scale_inv.cuda(), offsets(counts).cuda(),
+                           bias.cuda(), out_dtype)
+    assert out.device.type == "cuda" and out.shape == (sum(counts), N) and out.dtype == out_dtype
+    out = out.cpu()
+    for g, (s, e) in enumerate(group_ranges(counts)):
+        ref64, abs_sum = reference_f64(a[s:e], 0.37, b[g], float(b_scale_inv[g]), bias[g])
+        assert_close_to_reference(out[s:e], ref64, abs_sum, out_dtype)
+
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("grouping", CUDA_GROUPINGS)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_cuda_grouped_wgrad_each_group_within_the_fp64_bound(grouping, out_dtype):
+    counts = GROUPINGS[grouping]
+    N, K, T = 48, 32, sum(counts)
+    a = fp8_randn((N, T), torch.float8_e5m2, 2.0, seed=T)
+    b = fp8_randn((K, T), torch.float8_e4m3fn, 1.0, seed=T + 1)
+    out = fp8_grouped_gemm_wgrad(a.cuda(), scalar(0.5, "cuda"), b.cuda(), scalar(1.75, "cuda"), offsets(counts).cuda(),
+                                 out_dtype).cpu()
+    assert out.shape == (len(counts), N, K)
+    for g, (s, e) in enumerate(group_ranges(counts)):
+        ref64, abs_sum = reference_f64(a[:, s:e].contiguous(), 0.5, b[:, s:e].contiguous(), 1.75, None)
+        assert_close_to_reference(out[g], ref64, abs_sum, out_dtype)
+        if e == s:
+            assert torch.equal(out[g], torch.zeros(N, K, dtype=out_dtype))
