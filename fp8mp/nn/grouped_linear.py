@@ -14,10 +14,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from fp8mp.nn.fp8_linear_function import check_input, linear_options
+from fp8mp.nn.fp8_linear_function import linear_options
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.grouped_linear_function import Fp8GroupedLinearFunction
 from fp8mp.nn.output_dtype import output_dtype
+from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.config_checks import check_int
 from fp8mp.scaling.recipe import BlockRecipe
@@ -145,7 +146,11 @@ class GroupedLinear(Fp8Module):
 
     # ----------------------------------------------------------------------------- Fp8Module's hooks
     def check_input(self, input: torch.Tensor) -> None:
-        check_input(_NAME, input, self.in_features, self.weight)
+        # (fp8_linear_function.check_input's checks, naming this forward's argument 'inp')
+        if input.dtype not in HIGH_PRECISION_DTYPES:
+            raise TypeError(f"{_NAME}: argument 'inp' must be float32, bfloat16 or float16, got {input.dtype}")
+        if input.device != self.weight.device:
+            raise RuntimeError(f"{_NAME}: argument 'inp' is on {input.device} but the weight is on {self.weight.device}")
         for name, size in (("in_features", self.in_features), ("out_features", self.out_features)):
             if size % _FP8_ALIGN:
                 raise ValueError(f"{_NAME}: in FP8, {name} must be a multiple of {_FP8_ALIGN} (cuBLASLt's FP8 "

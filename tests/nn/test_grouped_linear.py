@@ -258,3 +258,11 @@ def test_forward_and_backward_wait_for_the_module_lock(recipe):
             assert done.is_set()
     finally:
         module.fp8_meta._lock = real
+
+
+def test_bad_inputs_are_refused_naming_inp():
+    module, x = make()
+    with pytest.raises(ValueError, match="'inp' must have last dimension 32"):
+        module(x[:, :-1], SPLITS)
+    with pytest.raises(TypeError, match="'inp' must be float32"), fp8mp.fp8_autocast():
+        module(x.detach().to(torch.int64), SPLITS)
