@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import threading
 
 import pytest
 import torch
@@ -214,50 +213,6 @@ def test_fp8mp_training_finds_it_monitor_fallback_and_the_nonfinite_check():
     with fp8mp.fp8_autocast():  # in fallback: the per-expert loop in the input's dtype
         out = module(x.detach(), SPLITS)
     assert torch.equal(out, module.__class__._per_group_linear(x.detach(), SPLITS, module.weight, module.bias))
-
-
-class SpyLock:
-    def __init__(self, real):
-        self.real, self.attempted = real, threading.Event()
-
-    def __enter__(self):
-        self.attempted.set()
-        return self.real.__enter__()
-
-    def __exit__(self, *exc):
-        return self.real.__exit__(*exc)
-
-
-@pytest.mark.parametrize("recipe", [CurrentScaling, DelayedScaling])
-def test_forward_and_backward_wait_for_the_module_lock(recipe):
-    module, x = make()
-    real = module.fp8_meta._lock
-    spy = module.fp8_meta._lock = SpyLock(real)
-    try:
-        for phase in ("forward", "backward"):
-            holder = {}
-
-            def call():
-                if phase == "forward":
-                    with fp8mp.fp8_autocast(fp8_recipe=recipe()):
-                        module(x, SPLITS)
-                else:
-                    holder["out"].sum().backward()
-
-            if phase == "backward":
-                with fp8mp.fp8_autocast(fp8_recipe=recipe()):
-                    holder["out"] = module(x, SPLITS)
-            spy.attempted.clear()
-            done = threading.Event()
-            worker = threading.Thread(target=lambda: (call(), done.set()))
-            with real:
-                worker.start()
-                assert spy.attempted.wait(60), f"{phase} did not take the lock"
-                assert not done.wait(0.2), f"{phase} finished while the lock was held"
-            worker.join(60)
-            assert done.is_set()
-    finally:
-        module.fp8_meta._lock = real
 
 
 def test_bad_inputs_are_refused_naming_inp():
