@@ -4,7 +4,8 @@
 `weight` [num_gemms, out_features, in_features] (and `bias` [num_gemms, out_features]) holds every expert, rather
 than Transformer Engine's `weight0` ... `weight{n-1}`: it is the grouped GEMM's operand as it is (no stacking
 copy of every expert per step, no second copy of the gradients), the layout of transformers' experts
-(`gate_up_proj` [E, 2I, H]), and it stays one plain tensor in the state_dict.
+(`gate_up_proj` [E, 2I, H]), and it stays one plain tensor in the state_dict. Transformer Engine's per-GEMM
+checkpoint keys load too (stacked into `weight` / `bias`).
 """
 from __future__ import annotations
 
@@ -160,6 +161,23 @@ class GroupedLinear(Fp8Module):
         raise TypeError(f"{_NAME} takes its groups with the input: call it as module(inp, m_splits)")
 
     fallback_forward = fp8_forward = high_precision_forward
+
+    def to_torch(self) -> "GroupedLinear":
+        """This module itself (what fp8mp.unconvert keeps): torch has no grouped linear module, and outside
+        fp8_autocast this one computes as torch's per-expert F.linear loop."""
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Transformer Engine's checkpoints hold one parameter per GEMM ("weight0" ... and "bias0" ...): stack them.
+        for name in ("weight", "bias"):
+            keys = [f"{prefix}{name}{i}" for i in range(self.num_gemms)]
+            if prefix + name not in state_dict and all(key in state_dict for key in keys):
+                per_gemm = [state_dict[key] for key in keys]
+                state_dict = {k: v for k, v in state_dict.items() if k not in keys}
+                state_dict[prefix + name] = torch.stack(per_gemm)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

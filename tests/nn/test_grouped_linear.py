@@ -221,3 +221,21 @@ def test_bad_inputs_are_refused_naming_inp():
         module(x[:, :-1], SPLITS)
     with pytest.raises(TypeError, match="'inp' must be float32"), fp8mp.fp8_autocast():
         module(x.detach().to(torch.int64), SPLITS)
+
+
+def test_transformer_engine_per_gemm_checkpoints_load_stacked():
+    module, x = make(splits=[2, 3])
+    te_style = {f"weight{g}": module.weight.detach()[g].clone() for g in range(2)}
+    te_style.update({f"bias{g}": module.bias.detach()[g].clone() for g in range(2)})
+    loaded = GroupedLinear(2, 32, 48)
+    loaded.load_state_dict(te_style)  # strict; no fp8_meta.* keys: the scaling state starts fresh
+    assert torch.equal(loaded.weight, module.weight) and torch.equal(loaded.bias, module.bias)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        GroupedLinear(3, 32, 48).load_state_dict(te_style)  # 2 per-GEMM weights do not make 3 experts
+
+
+def test_unconvert_keeps_it():
+    model = torch.nn.Sequential(GroupedLinear(2, 32, 16), torch.nn.Linear(16, 16))
+    fp8mp.nn.convert(model)
+    fp8mp.nn.unconvert(model)
+    assert isinstance(model[0], GroupedLinear) and type(model[1]) is torch.nn.Linear
