@@ -239,3 +239,22 @@ def test_unconvert_keeps_it():
     fp8mp.nn.convert(model)
     fp8mp.nn.unconvert(model)
     assert isinstance(model[0], GroupedLinear) and type(model[1]) is torch.nn.Linear
+
+
+def test_bf16_parameters_and_torch_autocast_give_the_dtypes_of_torch_linear():
+    module, x = make(bias=True)
+    with fp8mp.fp8_autocast():
+        want = module(x.detach(), SPLITS)
+    module_bf16 = GroupedLinear(len(SPLITS), 32, 48).bfloat16()
+    module_bf16.load_state_dict(module.state_dict())
+    xb = x.detach().bfloat16().requires_grad_()
+    with fp8mp.fp8_autocast():
+        out = module_bf16(xb, SPLITS)
+    out.float().sum().backward()
+    assert out.dtype == xb.grad.dtype == module_bf16.weight.grad.dtype == torch.bfloat16
+    # bf16 rounding of x and W before their E4M3 casts moves a code by at most one E4M3 step (2^-3 relative)
+    assert torch.allclose(out.float(), want, rtol=0.25, atol=0.05 * want.abs().max().item())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert module(x.detach(), SPLITS).dtype == torch.bfloat16  # outside FP8: torch's own autocast of F.linear
+        with fp8mp.fp8_autocast():
+            assert module(x.detach(), SPLITS).dtype == torch.bfloat16  # in FP8: autocast's dtype, as Linear's
