@@ -925,6 +925,60 @@ def fuzz_modules(data):
     assert_close64(out, want, tol)
 
 
+@fuzz_target
+def fuzz_grouped_linear(data):
+    """fp8mp.nn.GroupedLinear, forward and backward, in and out of FP8 (on meta: shapes only), against float64
+    per expert: every FP8 operand cast by current scaling from scratch, the weights one scale per expert."""
+    draw = data.draw
+    in_f, out_f = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 48]))
+    splits = draw(st.lists(st.integers(0, 3), min_size=1, max_size=4))
+    torch.manual_seed(draw(st.integers(0, 3)))
+    module = fp8mp.nn.GroupedLinear(len(splits), in_f, out_f, bias=draw(st.booleans()))
+    x = draw(laid_out(draw(floats_tensor([sum(splits), in_f], torch.float32, finite_max=1e3))))
+    special = draw(st.booleans()) and x.numel() > 0
+    if special:
+        x = x.clone(memory_format=torch.contiguous_format)
+        x.view(-1)[0] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    fp8, meta = draw(st.booleans()), draw(st.booleans())
+    args = {"inp": x, "m_splits": splits}
+    bad = None if meta else corrupt(draw, args, {"m_splits": [[*splits, 0], [s + 1 for s in splits],
+                                                             [-1, *splits[1:]] if splits[0] == 0 else [-1] * len(splits)],
+                                                 "inp": [x[:, :-1], x.to(torch.int64)] if fp8 else [x[:, :-1]]})
+    if meta:
+        module, args = module.to("meta"), {"inp": x.to("meta"), "m_splits": splits}
+    grad = not meta and not special and bad is None
+    if grad:
+        args["inp"] = x = x.detach().clone().requires_grad_()
+    recipe = fp8mp.recipe.CurrentScaling(fp8_format=fp8mp.recipe.Format.E4M3)
+    with fp8mp.fp8_autocast(enabled=fp8, fp8_recipe=recipe), torch.set_grad_enabled(grad):
+        out = call("GroupedLinear" + (" in fp8" if fp8 else "") + (" on meta" if meta else ""), module, args, bad)
+    if out is None:
+        return
+    assert out.shape == (sum(splits), out_f) and out.dtype == torch.float32
+    if meta:
+        assert out.device.type == "meta"
+        return
+    weights = [cast64(w) if fp8 else w.double() for w in module.weight.detach()]
+    x64 = cast64(x.detach()) if fp8 else x.detach().double()
+    rows = [slice(end - size, end) for size, end in zip(splits, torch.tensor(splits).cumsum(0).tolist())]
+    bias = module.bias.detach().double() if module.bias is not None else torch.zeros(len(splits), out_f, dtype=torch.float64)
+    want = torch.cat([x64[r] @ w.t() + bias[g] for g, (r, w) in enumerate(zip(rows, weights))])
+    tol = torch.cat([1e-5 * (x64[r].abs() @ w.abs().t()) for r, w in zip(rows, weights)]) + 1e-6 + 1e-6 * want.abs().nan_to_num(0, 0, 0)
+    assert_close64(out, want.float().double(), tol)
+    if not grad:
+        return
+    grad_out = draw(floats_tensor([sum(splits), out_f], torch.float32, finite_max=1e3))
+    out.backward(grad_out)
+    g64 = cast64(grad_out) if fp8 else grad_out.double()
+    want_dx = torch.cat([g64[r] @ w for r, w in zip(rows, weights)])
+    tol_dx = torch.cat([1e-5 * (g64[r].abs() @ w.abs()) for r, w in zip(rows, weights)]) + 1e-6 + 1e-6 * want_dx.abs()
+    assert_close64(x.grad, want_dx.float().double(), tol_dx)
+    for g, r in enumerate(rows):
+        want_dw = g64[r].t() @ x64[r]
+        assert_close64(module.weight.grad[g], want_dw.float().double(),
+                       1e-5 * (g64[r].abs().t() @ x64[r].abs()) + 1e-6 + 1e-6 * want_dw.abs())
+
+
 # name -> (target, the schema ops it calls)
 TARGETS = {
     "cast": (fuzz_cast, {"cast_to_fp8", "cast_to_fp8_transpose"}),
@@ -944,6 +998,7 @@ TARGETS = {
     "adamw_step": (fuzz_adamw_step, {"adamw_step"}),
     "lion_step": (fuzz_lion_step, {"lion_step"}),
     "modules": (fuzz_modules, set()),
+    "grouped_linear": (fuzz_grouped_linear, {"fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"}),
 }
 
 

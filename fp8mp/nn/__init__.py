@@ -6,10 +6,11 @@ from fp8mp.nn.fp8_state_dict import load_state_dict
 from fp8mp.nn.conversion import FP8_MODULES, convert, unconvert
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.fp8_weight import fp8_model_init
+from fp8mp.nn.grouped_linear import GroupedLinear
 from fp8mp.nn.layernorm_linear import LayerNormLinear
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.lora import LoRALinear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["Fp8Module", "Linear", "Conv1D", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
+__all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
            "fp8_model_init", "lora", "fp8_state_dict", "load_state_dict"]

@@ -221,8 +221,9 @@ def fp8_grouped_gemm_wgrad(
         use_fast_accum: as in :func:`fp8mp.ops.fp8_gemm` (CUDA only).
 
     Returns:
-        [G, N, K] of `out_dtype`, out[g] bit for bit ``fp8_gemm(a[:, cols].contiguous(), a_scale_inv,
-        b[:, cols].contiguous(), b_scale_inv)`` on CPU; zeros for an empty group. N and K must be multiples of 16.
+        [G, N, K] of `out_dtype`; on CPU out[g] is bit for bit ``fp8_gemm(a_g, a_scale_inv, b_g, b_scale_inv)``
+        with ``a_g = a[:, cols].contiguous()`` and ``b_g = b[:, cols].contiguous()``, the columns of group g;
+        zeros for an empty group. N and K must be multiples of 16.
     """
     return torch.ops.fp8mp.fp8_grouped_gemm_wgrad(a, a_scale_inv, b, b_scale_inv, offs, out_dtype, use_fast_accum)
 

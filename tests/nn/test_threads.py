@@ -286,3 +286,21 @@ def test_each_fp8_module_backward_waits_for_its_lock(module, recipe, step, spy_o
             out = layer(x)
     assert_waits_for_the_lock(spy, lambda: out.square().sum().backward())
     assert x.grad is not None and bool(x.grad.isfinite().all())
+
+
+@pytest.mark.parametrize("recipe", PER_TENSOR)
+def test_grouped_linear_forward_and_backward_wait_for_its_lock(recipe, spy_on_lock):
+    """fp8mp.nn.GroupedLinear takes its groups with the input, so it is not among FP8_MODULES' one-argument calls."""
+    torch.manual_seed(0)
+    layer, splits = fp8mp.nn.GroupedLinear(3, 32, 16), [3, 0, 5]
+    x = torch.randn(8, 32, requires_grad=True)
+    spy = spy_on_lock(layer.fp8_meta)
+
+    def forward():
+        with fp8mp.fp8_autocast(fp8_recipe=PER_TENSOR[recipe]()):
+            return layer(x, splits)
+
+    assert_waits_for_the_lock(spy, forward)
+    out = forward()
+    assert_waits_for_the_lock(spy, lambda: out.square().sum().backward())
+    assert x.grad is not None and bool(x.grad.isfinite().all())
