@@ -39,7 +39,7 @@ def report(returncode: int, stdout: str, stderr: str) -> str:
     return f"fuzz worker {how}; {seed}; {replay}; last call: {calls[-1] if calls else None}\n{stderr[-6000:]}"
 
 
-@pytest.mark.slow  # 13 targets x 200 examples: about 45 s of one CPU core (grouped_linear alone: 5 s)
+@pytest.mark.slow  # 18 targets x 200 examples: about a minute of one CPU core
 def test_fuzz_every_op_and_module():
     returncode, stdout, stderr = run_worker(str(EXAMPLES_PER_TARGET))
     print(next((line for line in stdout.splitlines() if line.startswith("SEED")), "SEED unknown"))
