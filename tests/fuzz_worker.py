@@ -109,6 +109,23 @@ def call(op_name: str, fn, args: dict, bad: str | None):
     return out
 
 
+def call_op(draw, name: str, args: dict, bad: str | None):
+    """(out, meta) of torch.ops.fp8mp.<name>(**args), on the meta device at random when no argument is bad."""
+    meta = bad is None and draw(st.booleans())
+    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
+    return call(name, lambda **kw: getattr(ops, name)(*kw.values()), call_args, bad), meta
+
+
+def call_for_values(draw, name: str, args: dict, bad: str | None, shape: tuple):
+    """call_op, then the output's shape and dtype (args["out_dtype"]) checked; the output where its values are
+    to be checked, None where the call was refused as it should be or ran on the meta device."""
+    out, meta = call_op(draw, name, args, bad)
+    if out is None:
+        return None
+    assert tuple(out.shape) == tuple(shape) and out.dtype == args["out_dtype"], (out.shape, out.dtype)
+    return None if meta else out
+
+
 # ----------------------------------------------------------------------------- references
 def cast_reference(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> tuple[torch.Tensor, float]:
     """torch's own float8 cast of the fp32 product, with fp8mp's saturation; amax NaN-propagating."""
@@ -430,9 +447,7 @@ def fuzz_block_quantize(data):
     args = {"x": x, "block_rows": blocks[0], "block_cols": blocks[1], "fmt": fmt, "scale_mode": mode}
     bad = corrupt(draw, args, {"x": [x.reshape(1, rows, cols), x.to(torch.float64)], "block_rows": [0, -3],
                                "block_cols": [0], "fmt": ["e3m4"], "scale_mode": ["e8m0", "fp16"]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("block_quantize", lambda **kw: ops.block_quantize(*kw.values()), call_args, bad)
+    out, meta = call_op(draw, "block_quantize", args, bad)
     if out is None:
         return
     data_q, scale_inv = out
@@ -465,9 +480,7 @@ def fuzz_block_quantize_transpose(data):
     args = {"x": x, "row_block": row_block, "col_block": col_block, "fmt": fmt, "scale_mode": mode}
     bad = corrupt(draw, args, {"x": [x.reshape(1, rows, cols)], "row_block": [0], "col_block": [-1], "fmt": ["fp8"],
                                "scale_mode": [""]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("block_quantize_transpose", lambda **kw: ops.block_quantize_transpose(*kw.values()), call_args, bad)
+    out, meta = call_op(draw, "block_quantize_transpose", args, bad)
     if out is None:
         return
     want = (*ops.block_quantize(x, 1, row_block, fmt, mode), *ops.block_quantize(x.t(), 1, col_block, fmt, mode))
@@ -493,9 +506,7 @@ def fuzz_norm_fwd_block_fp8(data):
             "row_block": row_block, "col_block": col_block, "fmt": fmt, "scale_mode": mode}
     bad = corrupt(draw, args, {"x": [x.reshape(1, rows, hidden), x.double()], "weight": [torch.ones(hidden + 1, dtype=dtype)],
                                "eps": [0.0, math.nan], "row_block": [0], "fmt": ["e5m3"], "scale_mode": ["x"]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("norm_fwd_block_fp8", lambda **kw: ops.norm_fwd_block_fp8(*kw.values()), call_args, bad)
+    out, meta = call_op(draw, "norm_fwd_block_fp8", args, bad)
     if out is None:
         return
     if is_layernorm:
@@ -533,13 +544,8 @@ def fuzz_block_scaled_gemm(data):
                                "a_scale_inv": [torch.ones(sa.shape[0] + 1, chunks)], "b_scale_inv": [sb.double()],
                                "block_k": [0], "a_block_rows": [0], "bias": [torch.zeros(n + 1, dtype=out_dtype)],
                                "out_dtype": [torch.int32]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("block_scaled_gemm", lambda **kw: ops.block_scaled_gemm(*kw.values()), call_args, bad)
+    out = call_for_values(draw, "block_scaled_gemm", args, bad, (m, n))
     if out is None:
-        return
-    assert out.shape == (m, n) and out.dtype == out_dtype
-    if meta:
         return
     assert_block_gemm_close(out, a, sa, b, sb, a_rows, b_rows, block_k, bias)
 
@@ -602,13 +608,8 @@ def fuzz_grouped_gemm(data):
                                "a_scale_inv": [sa.double(), torch.ones(2)], "b_scale_inv": [torch.ones(1, groups).double()],
                                "offs": bad_offsets(offs, m), "bias": [torch.zeros(groups, n + 1, dtype=out_dtype)],
                                "out_dtype": [torch.int32]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("fp8_grouped_gemm", lambda **kw: ops.fp8_grouped_gemm(*kw.values()), call_args, bad)
+    out = call_for_values(draw, "fp8_grouped_gemm", args, bad, (m, n))
     if out is None:
-        return
-    assert out.shape == (m, n) and out.dtype == out_dtype
-    if meta:
         return
     for g, (start, end) in enumerate(group_bounds(counts)):
         assert_gemm_close(out[start:end], a[start:end], b[g], float(sa), float(sb[g]),
@@ -631,13 +632,8 @@ def fuzz_grouped_gemm_wgrad(data):
                                "b": [finite_codes(draw, [k, tokens + 1], fb)], "a_scale_inv": [torch.ones(3)],
                                "b_scale_inv": [sb.half()], "offs": bad_offsets(offs, tokens),
                                "out_dtype": [torch.float64]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("fp8_grouped_gemm_wgrad", lambda **kw: ops.fp8_grouped_gemm_wgrad(*kw.values()), call_args, bad)
+    out = call_for_values(draw, "fp8_grouped_gemm_wgrad", args, bad, (len(counts), n, k))
     if out is None:
-        return
-    assert out.shape == (len(counts), n, k) and out.dtype == out_dtype
-    if meta:
         return
     for g, (start, end) in enumerate(group_bounds(counts)):
         assert_gemm_close(out[g], a[:, start:end], b[:, start:end], float(sa), float(sb), None)
@@ -667,13 +663,8 @@ def fuzz_block_scaled_grouped_gemm(data):
     bad = corrupt(draw, args, {"a": [a.float()], "a_scale_inv": [torch.ones(m + 1, chunks)],
                                "b_scale_inv": [sb.double()], "offs": bad_offsets(offs, m), "a_block_rows": [2],
                                "b_block_rows": [0], "block_k": [0], "out_dtype": [torch.int32]})
-    meta = bad is None and draw(st.booleans())
-    call_args = dict(zip(args, to_meta(args.values()))) if meta else args
-    out = call("block_scaled_grouped_gemm", lambda **kw: ops.block_scaled_grouped_gemm(*kw.values()), call_args, bad)
+    out = call_for_values(draw, "block_scaled_grouped_gemm", args, bad, (m, n))
     if out is None:
-        return
-    assert out.shape == (m, n) and out.dtype == out_dtype
-    if meta:
         return
     for g, (start, end) in enumerate(group_bounds(counts)):
         assert_block_gemm_close(out[start:end], a[start:end], sa[start:end], b[g], sb[g], 1, b_rows, block_k,

@@ -82,14 +82,18 @@ void check_gemm_shapes(const Tensor& a, const Tensor& b, const char* op) {
                     " (out = a @ b.T), got shape ", shape_str(b));
 }
 
-void check_gemm_bias(const std::optional<Tensor>& bias, const Tensor& a, const Tensor& b, ScalarType out_dtype,
-                     const char* op) {
-  if (!bias.has_value()) return;
-  const Tensor& t = *bias;
+void check_bias_dtype_and_device(const Tensor& t, const Tensor& a, ScalarType out_dtype, const char* op) {
   FP8MP_CHECK(t.scalar_type() == out_dtype, op, ": argument 'bias' must have dtype out_dtype = ", dtype_str(out_dtype),
               ", got ", dtype_str(t.scalar_type()));
   FP8MP_CHECK(same_device(t, a), op, ": argument 'bias' must be on the input's device ", device_str(a), ", got ",
               device_str(t));
+}
+
+void check_gemm_bias(const std::optional<Tensor>& bias, const Tensor& a, const Tensor& b, ScalarType out_dtype,
+                     const char* op) {
+  if (!bias.has_value()) return;
+  const Tensor& t = *bias;
+  check_bias_dtype_and_device(t, a, out_dtype, op);
   FP8MP_CHECK_VALUE(t.dim() == 1 && t.size(0) == b.size(0), op, ": argument 'bias' must have shape [N] = [",
                     b.size(0), "], got shape ", shape_str(t));
 }

@@ -34,6 +34,9 @@ void check_high_precision_dtype(ScalarType dtype, const char* op, const char* ar
 // out = a @ b.T, the layout of every fp8mp GEMM: a [M, K] and b [N, K], 2-D, with the same K.
 void check_gemm_shapes(const Tensor& a, const Tensor& b, const char* op);
 
+// A GEMM's bias (of any shape): of the output's dtype, on a's device.
+void check_bias_dtype_and_device(const Tensor& bias, const Tensor& a, ScalarType out_dtype, const char* op);
+
 // The GEMM's optional bias: [N] (N = b.size(0)), of the output's dtype, on a's device.
 void check_gemm_bias(const std::optional<Tensor>& bias, const Tensor& a, const Tensor& b, ScalarType out_dtype,
                      const char* op);

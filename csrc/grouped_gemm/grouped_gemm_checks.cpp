@@ -48,10 +48,7 @@ void check_m_grouped_shapes(const Tensor& a, const Tensor& b, const Tensor& offs
   check_multiple_of_16(b.size(1), op, "b", "N = b.size(1)");
   if (!bias.has_value()) return;
   const Tensor& t = *bias;
-  FP8MP_CHECK(t.scalar_type() == out_dtype, op, ": argument 'bias' must have dtype out_dtype = ", dtype_str(out_dtype),
-              ", got ", dtype_str(t.scalar_type()));
-  FP8MP_CHECK(same_device(t, a), op, ": argument 'bias' must be on the input's device ", device_str(a), ", got ",
-              device_str(t));
+  check_bias_dtype_and_device(t, a, out_dtype, op);
   FP8MP_CHECK_VALUE(t.dim() == 2 && t.size(0) == G && t.size(1) == b.size(1), op,
                     ": argument 'bias' must have shape [G, N] = [", G, ", ", b.size(1), "], got shape ", shape_str(t));
 }
