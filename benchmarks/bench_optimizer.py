@@ -17,21 +17,10 @@ per parameter (state_bytes for fp8mp, the exp_avg / exp_avg_sq / step tensors fo
 
     python benchmarks/bench_optimizer.py [--device cpu|cuda] [--shapes 4096x4096,2048x4096,4096] [--bf16-params]
 
-Measured 2026-12-05 22:10 UTC, 2 threads of an Intel Xeon with AMX shared with other jobs (load average
-about 11), torch 2.14.1, `python benchmarks/bench_optimizer.py` and `... --bf16-params --rounds 2`
-(ratio torch / fp8mp, > 1: fp8mp faster; bytes of optimizer state per parameter):
-
-    25.2M parameters                         fp32 params        bf16 params      state bytes / param
-    torch AdamW foreach (peer)               711.7 ms  1.00x    830.3 ms  1.00x  8 (fp32) / 4 (bf16)
-    fp8mp fp32 states                        2.48x              2.24x            8.000
-    fp8mp fp32 states, no non-finite check   3.08x              2.57x            8.000
-    fp8mp bf16 states                        1.95x              1.87x            4.000
-    fp8mp bf16 states, no non-finite check   2.40x              2.23x            4.000
-    fp8mp fp8 states                         1.00x              1.11x            2.063
-    fp8mp fp8 states, no non-finite check    1.08x              1.20x            2.063
-
-The FP8 rows pay for the stochastic rounding of two states (a 64-bit hash per element, an E4M3 encode) in
-code compiled for the baseline x86-64 ISA (no AVX-512 dispatch in csrc/optim yet), which eats what the
+Results (machine, date, command): benchmarks/RESULTS.md. On an idle 2-vCPU Xeon with AMX the fused step with
+fp32 or bf16 states ran at 1.4x-2.4x of the peer, with FP8 states at 0.64x (fp32 params) and 0.96x (bf16 params):
+the stochastic rounding of two states (a 64-bit hash per element, an E4M3 encode) is compiled for the baseline
+x86-64 ISA (no AVX-512 dispatch in csrc/optim yet), and on an idle host it costs more than the
 fewer bytes save; the non-finite check is one more read of every gradient (torch.aminmax).
 """
 from __future__ import annotations
