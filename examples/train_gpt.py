@@ -224,13 +224,18 @@ def with_torchao_float8(model: torch.nn.Module, recipe: str) -> torch.nn.Module:
     return convert_to_float8_training(fp8mp.unconvert(model), config=config)
 
 
-def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, out_dir: str | None = None) -> RunResult:
-    """Train a fresh GPT (seed `config.seed`) on the fixed batches in `precision`; returns its measurements."""
+def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, out_dir: str | None = None,
+          build_model=None) -> RunResult:
+    """Train a fresh GPT (seed `config.seed`) on the fixed batches in `precision`; returns its measurements.
+
+    build_model(model_config, precision), if given, builds the model instead of GPT(model_config): one called as
+    GPT is (model(x, y) -> (logits, loss), `config.context`), e.g. train_moe.py's transformers MoE."""
     train_data, val_data = load_data(config)
     starts = batch_starts(train_data, config.steps, config.batch_size, model_config.context, config.seed + 1)
     val_starts = batch_starts(val_data, config.eval_batches, config.batch_size, model_config.context, config.seed + 2)
     torch.manual_seed(config.seed)
-    model = GPT(model_config)  # initialized on the CPU: the same weights on every device
+    # initialized on the CPU: the same weights on every device
+    model = GPT(model_config) if build_model is None else build_model(model_config, precision)
     if precision.peer is not None:
         model = with_torchao_float8(model, config.recipe)
     model = model.to(config.device)
@@ -274,23 +279,23 @@ def _finish(result: RunResult, model: GPT, monitor, out_dir: str | None) -> None
 
 
 def run_all(model_config: GPTConfig, config: TrainConfig, out_dir: str | None,
-            precisions: list[Precision] | None = None) -> list[RunResult]:
+            precisions: list[Precision] | None = None, build_model=None) -> list[RunResult]:
     """The runs (default FP8, BF16, FP32), in that order, one process each (so max RSS is per run)."""
     results = []
     for precision in precisions or list(PRECISIONS.values()):
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results.append(pool.submit(train, model_config, config, precision, out_dir).result())
+            results.append(pool.submit(train, model_config, config, precision, out_dir, build_model).result())
     return results
 
 
-def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Precision | None) -> str:
+def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Precision | None, build_model=None) -> str:
     """FP8, the peer (if any) and BF16 for seeds 0..seeds-1; returns the per-seed table with the means."""
     from gpt_report import seed_table  # matplotlib only for the CLI
 
     precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), PRECISIONS["bf16"]]
     per_seed = []
     for seed in range(seeds):
-        results = run_all(model_config, dataclasses.replace(config, seed=seed), None, precisions)
+        results = run_all(model_config, dataclasses.replace(config, seed=seed), None, precisions, build_model)
         per_seed.append({r.name: r.final_val for r in results})
         print(f"seed {seed}: " + ", ".join(f"{name} {loss:.4f}" for name, loss in per_seed[-1].items()), flush=True)
     return seed_table(per_seed, peer.name if peer is not None else None)
