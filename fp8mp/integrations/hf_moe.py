@@ -65,7 +65,8 @@ def fp8_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_
     expert_ids = top_k_index.reshape(-1)
     # Tokens sorted by expert (a stable sort, so each expert's rows keep the token order), as grouped_mm's.
     expert_ids_sorted, perm = torch.sort(expert_ids, stable=True)
-    x = hidden_states[perm // num_top_k]
+    # index_select, not indexing: its backward (index_add_) is 4-8x faster on CPU than indexing's (index_put_).
+    x = hidden_states.index_select(0, perm // num_top_k)
     offs = torch.bincount(expert_ids_sorted, minlength=self.num_experts).cumsum(0).to(torch.int32)
 
     def bias(name):

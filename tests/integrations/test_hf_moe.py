@@ -207,15 +207,22 @@ def test_every_flag_combination_matches_the_float64_experts(has_gate, is_transpo
     index[:, 0] = 1  # expert 1 takes every token; some experts none
     weights = torch.rand(12, 2)
     config._experts_implementation = "eager"
-    with torch.no_grad():
-        expected = copy.deepcopy(experts).double()(x.double(), index, weights.double())
+    x64 = x.double().requires_grad_()
+    expected = copy.deepcopy(experts).double()(x64, index, weights.double())
+    grad_out = torch.randn(12, H)
+    expected.backward(grad_out.double())
     hf_moe.register()
     config._experts_implementation = "fp8mp"
+    x = x.requires_grad_()
     with fp8mp.fp8_autocast():
         got = experts(x, index, weights)
-    got.sum().backward()
+    got.backward(grad_out)
     rel = (got.double() - expected).norm() / expected.norm()
     assert 0 < rel < 2 ** -3, rel
+    # The input gradient sums each token's k experts' gradients; its bound adds E5M2's unit roundoff (2^-3) for the
+    # gradients cast in both grouped GEMMs' backward to E4M3's for the weights (measured 0.07-0.10).
+    rel_dx = (x.grad.double() - x64.grad).norm() / x64.grad.norm()
+    assert 0 < rel_dx < 2 ** -2, rel_dx
     assert all(torch.isfinite(p.grad).all() for p in experts.parameters())
 
 
