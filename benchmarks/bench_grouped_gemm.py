@@ -100,7 +100,10 @@ def gemm_table(rows: list[dict], device: str) -> str:
     return markdown_table(f"fp8_grouped_gemm (FP8 -> bf16), {where(device)}", headers, cells)
 
 
-def model_step_table(device: str) -> str:
+def qwen3_moe_step(device: str) -> tuple[dict, str]:
+    """One training step (forward and backward) of a tiny Qwen3-MoE in bf16 weights, as callables: "fp8mp" for
+    the model prepared by fp8mp.integrations.hf.prepare, "bf16" for the same weights with transformers'
+    grouped_mm experts; and the model's description."""
     import transformers
 
     import fp8mp.integrations.hf as fp8_hf
@@ -120,9 +123,14 @@ def model_step_table(device: str) -> str:
             model(input_ids=ids, labels=ids).loss.backward()
         return run
 
-    timed = time_peers({"fp8mp": step(fp8), "bf16": step(bf16)}, device)
+    return {"fp8mp": step(fp8), "bf16": step(bf16)}, "H 512, 32 experts top-4, I 256, 2 layers, 4x256 tokens"
+
+
+def model_step_table(device: str) -> str:
+    steps, model = qwen3_moe_step(device)
+    timed = time_peers(steps, device)
     fp8_s, bf16_s = timed["fp8mp"][0], timed["bf16"][0]
-    return markdown_table(f"Qwen3-MoE step (H 512, 32 experts top-4, I 256, 2 layers, 4x256 tokens), {where(device)}",
+    return markdown_table(f"Qwen3-MoE step ({model}), {where(device)}",
                           ["FP8 (fp8mp) ms", "BF16 (grouped_mm) ms", "BF16 / FP8"],
                           [[f"{fp8_s * 1e3:.1f}", f"{bf16_s * 1e3:.1f}", f"{bf16_s / fp8_s:.2f}x"]])
 
