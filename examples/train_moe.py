@@ -22,7 +22,6 @@ within 0.5% of the mean BF16 loss.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -112,6 +111,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     if args.threads is not None:  # each run is a fresh process, which reads OMP_NUM_THREADS as torch starts
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)
@@ -121,6 +122,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     table = run_seeds(model_config, config, args.seeds, None, build_model=build_moe)
     print(table)
+    # the table's last row: "| mean of N | FP8 mean | BF16 mean | gap |"
     means = [float(cell) for cell in table.splitlines()[-1].strip("| ").split(" | ")[1:3]]
     gap = relative(*means)
     print(f"mean FP8 final val loss vs mean BF16: {gap:+.3%}, {'within' if abs(gap) <= GOAL else 'NOT within'} "
