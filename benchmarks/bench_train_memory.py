@@ -297,8 +297,13 @@ def child(argv: list[str]) -> None:
 
 
 def run_in_fresh_process(model_key: str, run: Run, quick: bool, device: str) -> dict:
+    import fp8mp
+
     command = [sys.executable, os.path.abspath(__file__), "--child", model_key, run.name, "--device", device]
-    done = subprocess.run(command + (["--quick"] if quick else []), capture_output=True, text=True)
+    # The child imports the fp8mp this process imported (an in-place build rather than an installed one).
+    fp8mp_root = os.path.dirname(os.path.dirname(os.path.abspath(fp8mp.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [fp8mp_root, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(command + (["--quick"] if quick else []), capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
