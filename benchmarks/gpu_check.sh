@@ -49,12 +49,13 @@ PLAN=(
   "test:tests/ops/test_scale_validation.py 28"
   "test:tests/ops/test_gemm_cuda.py 62"
   "test:tests/ops/test_blockwise_cuda.py 98"
-  "bench_gemm 25"
-  "bench_cast_transpose 16"
-  "bench_linear 22"
-  "bench_block_scaling 22"
+  "bench_gemm 19"
+  "bench_cast_transpose 11"
+  "bench_linear 16"
+  "bench_block_scaling 15"
   "gpt_loss_check 35"
   "peak_memory 18"
+  "train_memory 24"
 )
 PLAN_BUDGET_S=${GPU_CHECK_PLAN_BUDGET_S:-520}  # the sum of the limits above may not exceed this
 HARD_END_S=570     # and no step runs past this, whatever the steps before it took (the command's limit is 600 s)
@@ -90,12 +91,16 @@ if (( DRY_RUN )); then
   GEMM_SIZES=64x64x64,128x96x80 CAST_SIZES=64K CAST_COLS=256 LINEAR_SHAPES=64x64x64 BLOCK_SIZES=64x128x96
   GPT_ARGS="--layers 1 --d-model 32 --heads 2 --context 16 --batch-size 2 --steps 4"
   MEMORY_ARGS="--step-widths 64x128x64 --tokens 32"
+  TRAIN_MEMORY_ARGS="--quick --rounds 1"
+  TRAIN_MEMORY_RUNS="BF16 AMP,fp8mp memory-lean"  # each run is a fresh process: two here
 else
   DEVICE=cuda
   GEMM_SIZES=4096x4096x4096,8192x8192x8192 CAST_SIZES=16M,64M,256M CAST_COLS=8192 LINEAR_SHAPES=16384x8192x8192
   BLOCK_SIZES=4096x4096x4096,8192x8192x8192
   GPT_ARGS="--steps 50"
   MEMORY_ARGS=""
+  TRAIN_MEMORY_ARGS="--rounds 1"
+  TRAIN_MEMORY_RUNS="FP32,BF16 AMP,fp8mp compute-only,fp8mp memory-lean"  # not torchao's: the machine lacks it
 fi
 
 # ---------------------------------------------------------------- the steps
@@ -201,6 +206,12 @@ step_peak_memory() {
   "$PY" benchmarks/bench_memory.py --device "$DEVICE" $MEMORY_ARGS --json "$FIGURES"
 }
 
+step_train_memory() {  # bytes by category and peak GPU memory of one training step of the demo GPT, per run
+  # shellcheck disable=SC2086
+  "$PY" benchmarks/bench_train_memory.py --device "$DEVICE" --models gpt --runs "$TRAIN_MEMORY_RUNS" \
+    $TRAIN_MEMORY_ARGS --json "$FIGURES"
+}
+
 # ---------------------------------------------------------------- running them
 # run_step NAME LIMIT: runs step NAME under min(LIMIT, what is left before HARD_END_S), its output into the
 # log as it comes, then appends its outcome to the JSON file. Returns the step's exit status.
@@ -240,7 +251,7 @@ run_step() {
 
 # What the steps read, for the `bash -c` each runs in under `timeout`.
 export PY SAFE_PATH DEVICE FIGURES WHEEL_DIR DRY_RUN TEST_ALARM_S \
-  GEMM_SIZES CAST_SIZES CAST_COLS LINEAR_SHAPES BLOCK_SIZES GPT_ARGS MEMORY_ARGS
+  GEMM_SIZES CAST_SIZES CAST_COLS LINEAR_SHAPES BLOCK_SIZES GPT_ARGS MEMORY_ARGS TRAIN_MEMORY_ARGS TRAIN_MEMORY_RUNS
 
 print_plan() {
   local total=0 entry name limit

@@ -47,21 +47,27 @@ def report_table(results) -> str:
     return "\n".join(lines)
 
 
-def seed_table(per_seed: list[dict[str, float]], peer: str | None) -> str:
-    """Markdown: final val loss per seed of FP8, the peer and BF16, FP8's relative gaps, and the means over seeds."""
-    names = ["FP8", *([peer] if peer else []), "BF16"]
-    header = ["seed", *names, *([f"FP8 vs {peer}"] if peer else []), "FP8 vs BF16"]
+def seed_table(per_seed: list[dict[str, float]], peer: str | None, lean_peer: str | None = None) -> str:
+    """Markdown: final val loss per seed of each run, each FP8 run's relative gaps to its peer (if any) and to BF16,
+    the means over seeds, and whether each FP8 run's mean is within GOAL of BF16's."""
+    subjects = [("FP8", peer)] + ([("FP8 memory-lean", lean_peer)] if "FP8 memory-lean" in per_seed[0] else [])
+    names = [name for subject in subjects for name in subject if name] + ["BF16"]
+    comparisons = [(subject, base) for subject, subject_peer in subjects
+                   for base in ([subject_peer] if subject_peer else []) + ["BF16"]]
+    header = ["seed", *names, *(f"{subject} vs {base}" for subject, base in comparisons)]
     rows = []
     for seed, losses in enumerate(per_seed):
-        gaps = [relative(losses["FP8"], losses[peer])] if peer else []
-        gaps.append(relative(losses["FP8"], losses["BF16"]))
+        gaps = [relative(losses[subject], losses[base]) for subject, base in comparisons]
         rows.append([str(seed), *(f"{losses[n]:.4f}" for n in names), *(f"{g:+.2%}" for g in gaps)])
     means = {n: sum(s[n] for s in per_seed) / len(per_seed) for n in names}
-    mean_gaps = [relative(means["FP8"], means[peer])] if peer else []
-    mean_gaps.append(relative(means["FP8"], means["BF16"]))
+    mean_gaps = [relative(means[subject], means[base]) for subject, base in comparisons]
     rows.append([f"mean of {len(per_seed)}", *(f"{means[n]:.4f}" for n in names), *(f"{g:+.2%}" for g in mean_gaps)])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    for subject, _ in subjects:
+        gap = relative(means[subject], means["BF16"])
+        lines.append(f"{subject} mean final val loss vs BF16: {gap:+.3%}, "
+                     f"{'within' if abs(gap) <= GOAL else 'NOT within'} the {GOAL:.1%} goal")
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
     python examples/train_gpt.py            # the `make demo` run (about 5 minutes on 2 CPU cores)
     python examples/train_gpt.py --quick    # a smaller model, under a minute
-    python examples/train_gpt.py --peer torchao --seeds 5   # FP8 vs torchao's FP8 per seed, vs BF16 over 5 seeds
+    python examples/train_gpt.py --peer torchao --seeds 5   # FP8 runs vs torchao's per seed, vs BF16 over 5 seeds
     python examples/train_gpt.py --device cuda --steps 50   # on a GPU (peak GPU memory per run in the table)
 
 FP8: every projection (fp8mp.nn.Linear) computes in FP8 inside `fp8mp.fp8_autocast`
@@ -16,10 +16,16 @@ FP8 numerics monitor's pictures under --out.
 --peer torchao adds a run of the same GPT (same init, same batches) with torchao's
 Float8Linear (emulate=True) in place of fp8mp.nn.Linear, under the recipe that matches
 --recipe (tensorwise dynamic scaling for delayed and current, torchao's "rowwise" for
-rowwise). --seeds N repeats FP8, the peer and BF16 for seeds 0..N-1 and prints one row
-per seed plus the means: at 200 steps this model's loss is chaotic (FP8 vs BF16 moves by
-several percent from seed to seed), so FP8 is compared with the peer FP8 per seed and
-with BF16 over the seeds' mean.
+rowwise). --seeds N repeats FP8, the peer, FP8 memory-lean, its peer and BF16 for seeds
+0..N-1 and prints one row per seed plus the means: at 200 steps this model's loss is chaotic
+(FP8 vs BF16 moves by several percent from seed to seed), so each FP8 run is compared with its
+peer per seed and with BF16 over the seeds' mean.
+
+FP8 memory-lean (--seeds only) stores what the others keep in fp32 in fewer bytes: bf16
+parameters (model.to(torch.bfloat16), ordinary nn.Parameters), fp8mp.optim.AdamW with FP8
+states rounding them stochastically, FP8 Linear compute under fp8_autocast, no torch.autocast.
+With --peer torchao its peer is torchao's nearest equivalent: Float8Linear on bf16 parameters
+with torchao.optim.AdamWFp8(bf16_stochastic_round=True).
 """
 from __future__ import annotations
 
@@ -49,22 +55,34 @@ from fp8mp.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format, M
 
 @dataclass(frozen=True)
 class Precision:
-    """How a run computes: `autocast_dtype` for torch.autocast (None: off), `fp8` for fp8mp.fp8_autocast."""
+    """How a run computes and stores: `autocast_dtype` for torch.autocast (None: off), `fp8` for
+    fp8mp.fp8_autocast, the parameters' dtype and the optimizer (a key of OPTIMIZERS)."""
 
     name: str
     autocast_dtype: torch.dtype | None
     fp8: bool
     peer: str | None = None  # a peer library's FP8 Linear in place of fp8mp's (PEERS)
+    param_dtype: torch.dtype = torch.float32
+    optimizer: str = "torch AdamW"
 
 
+# Memory-lean: bf16 nn.Parameters (model.to(torch.bfloat16)), no torch.autocast, fp8mp.nn.Linear in FP8, and
+# fp8mp.optim.AdamW with FP8 states rounding the bf16 parameters stochastically: 6.06 bytes of training state a
+# parameter against the other runs' 16 (benchmarks/bench_train_memory.py).
 PRECISIONS = {
     "fp8": Precision("FP8", torch.bfloat16, fp8=True),
+    "fp8-lean": Precision("FP8 memory-lean", None, fp8=True, param_dtype=torch.bfloat16, optimizer="fp8mp AdamW FP8"),
     "bf16": Precision("BF16", torch.bfloat16, fp8=False),
     "fp32": Precision("FP32", None, fp8=False),
 }
 
 # --peer: torchao's Float8Linear (emulate=True: its exact CPU emulation) under the same torch.autocast(bfloat16).
 PEERS = {"torchao": Precision("torchao FP8", torch.bfloat16, fp8=False, peer="torchao")}
+# The memory-lean run's nearest torchao peer, compared per seed by --seeds with --peer torchao: the same three
+# choices (FP8 Linear compute, FP8 AdamW states, bf16 parameters rounded stochastically) in torchao's
+# implementation: Float8Linear and AdamWFp8(bf16_stochastic_round=True) on bf16 parameters.
+LEAN_PEERS = {"torchao": Precision("torchao FP8 memory-lean", None, fp8=False, peer="torchao",
+                                   param_dtype=torch.bfloat16, optimizer="torchao AdamWFp8")}
 
 
 # --recipe: per-tensor (delayed, current; HYBRID) or fine-grained (rowwise, block, mxfp8; their E4M3 default).
@@ -197,6 +215,35 @@ def evaluate(model: GPT, val: torch.Tensor, starts: torch.Tensor, precision: Pre
     return sum(losses) / len(losses)
 
 
+BETAS = (0.9, 0.95)
+
+
+def _torchao_adamw_fp8(params, config: "TrainConfig"):
+    from torchao.optim import AdamWFp8
+
+    # torchao's optimizers take the learning rate as a tensor (set_lr fills it in place).
+    return AdamWFp8(params, lr=torch.tensor(config.lr), betas=BETAS, weight_decay=config.weight_decay,
+                    bf16_stochastic_round=True)
+
+
+OPTIMIZERS = {
+    "torch AdamW": lambda params, config: torch.optim.AdamW(params, lr=config.lr, betas=BETAS,
+                                                            weight_decay=config.weight_decay),
+    "fp8mp AdamW FP8": lambda params, config: fp8mp.optim.AdamW(params, lr=config.lr, betas=BETAS,
+                                                                weight_decay=config.weight_decay,
+                                                                state_dtype=torch.float8_e4m3fn),
+    "torchao AdamWFp8": _torchao_adamw_fp8,
+}
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 def train_step(model, optimizer, x, y, precision, recipe, grad_clip: float, device_type: str = "cpu") -> tuple[float, int]:
     """One forward/backward/clip/update; returns (loss, number of modules that ran in FP8)."""
     stack, state = precision_context(precision, recipe, device_type)
@@ -238,14 +285,13 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
     model = GPT(model_config) if build_model is None else build_model(model_config, precision)
     if precision.peer is not None:
         model = with_torchao_float8(model, config.recipe)
-    model = model.to(config.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    model = model.to(device=config.device, dtype=precision.param_dtype)
+    optimizer = OPTIMIZERS[precision.optimizer](model.parameters(), config)
     recipe = RECIPES[config.recipe]
     monitor = fp8mp.monitor.attach(model, every=config.monitor_every) if precision.fp8 else None
     result = RunResult(precision.name, [], [], [], [], peak_rss_mib=0.0)
     for step in tqdm(range(config.steps), desc=f"{precision.name:>4}", unit="step", dynamic_ncols=True, leave=True):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config)
+        set_lr(optimizer, lr_at(step, config))
         x, y = get_batch(train_data, starts[step], model_config.context)
         x, y = x.to(config.device), y.to(config.device)
         t0 = time.perf_counter()
@@ -288,17 +334,21 @@ def run_all(model_config: GPTConfig, config: TrainConfig, out_dir: str | None,
     return results
 
 
-def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Precision | None, build_model=None) -> str:
-    """FP8, the peer (if any) and BF16 for seeds 0..seeds-1; returns the per-seed table with the means."""
+def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Precision | None,
+              lean_peer: Precision | None = None, build_model=None, lean: bool = True) -> str:
+    """FP8, the peer (if any), FP8 memory-lean (if `lean`), its peer (if any) and BF16 for seeds 0..seeds-1; returns
+    the per-seed table with the means. build_model(model_config, precision): the model of each run (default GPT)."""
     from gpt_report import seed_table  # matplotlib only for the CLI
 
-    precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), PRECISIONS["bf16"]]
+    lean_runs = [PRECISIONS["fp8-lean"], *([lean_peer] if lean_peer is not None else [])] if lean else []
+    precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), *lean_runs, PRECISIONS["bf16"]]
     per_seed = []
     for seed in range(seeds):
         results = run_all(model_config, dataclasses.replace(config, seed=seed), None, precisions, build_model)
         per_seed.append({r.name: r.final_val for r in results})
         print(f"seed {seed}: " + ", ".join(f"{name} {loss:.4f}" for name, loss in per_seed[-1].items()), flush=True)
-    return seed_table(per_seed, peer.name if peer is not None else None)
+    return seed_table(per_seed, peer.name if peer is not None else None,
+                      lean_peer.name if lean_peer is not None else None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -316,7 +366,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--peer", choices=sorted(PEERS), default=None,
                         help="also train with this library's FP8 Linear under the matching recipe")
     parser.add_argument("--seeds", type=int, default=None,
-                        help="FP8, the peer and BF16 for seeds 0..N-1: per-seed final val losses and their means")
+                        help="FP8, FP8 memory-lean, their peers and BF16 for seeds 0..N-1: per-seed final val "
+                             "losses and their means")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", default=None,
                         help="add each run's losses, step time and peak memory to this JSON file (benchmarks/results_json.py)")
@@ -347,7 +398,7 @@ def main(argv=None) -> None:
     if args.seeds is not None:
         if args.seeds < 1:
             raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
-        print(run_seeds(model_config, config, args.seeds, peer))
+        print(run_seeds(model_config, config, args.seeds, peer, LEAN_PEERS.get(args.peer)))
         print(f"total wall time {time.perf_counter() - t0:.0f} s")
         return
     precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), PRECISIONS["bf16"], PRECISIONS["fp32"]]

@@ -21,7 +21,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 DOC = ROOT / "docs" / "gpu_check.md"
 BUDGET_S = 520  # of the 600 s a device command may run: start-up, the last step's kill and the copy-back fit in the rest
 FIGURES = ["gemm", "gemm_fast_accum", "cast_transpose", "linear", "block_scaling", "gpt", "weight_memory",
-           "training_step_peak_memory"]
+           "training_step_peak_memory", "train_memory"]
 
 
 def plan() -> list[tuple[str, int]]:
@@ -46,7 +46,8 @@ def test_the_plan_fits_one_device_command():
     tests = [name for name in names if name.startswith("test:")]
     assert tests and all((ROOT / name[len("test:"):]).is_file() for name in tests)
     assert {f"bench_{b}" for b in ("gemm", "cast_transpose", "linear", "block_scaling")} | {"gpt_loss_check",
-                                                                                            "peak_memory"} <= set(names)
+                                                                                            "peak_memory",
+                                                                                            "train_memory"} <= set(names)
 
 
 def test_the_dry_run_passes_and_keeps_to_one_log_and_one_json(tmp_path):

@@ -122,3 +122,47 @@ def test_report_table_states_the_goal_per_run_and_that_one_seed_says_little():
     # The single-seed verdicts come with what they are worth and the command that compares over seeds.
     assert lines[-1].startswith("These gaps are one seed's")
     assert "python examples/train_gpt.py --peer torchao --seeds 5" in lines[-1]
+
+
+def test_memory_lean_run_trains_bf16_parameters_with_fp8_states_and_tracks_fp8(fp8_result):
+    from train_gpt import OPTIMIZERS
+
+    lean = PRECISIONS["fp8-lean"]
+    assert (lean.param_dtype, lean.autocast_dtype, lean.fp8) == (torch.bfloat16, None, True)
+    optimizer = OPTIMIZERS[lean.optimizer]([torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))], TINY_TRAIN)
+    assert isinstance(optimizer, fp8mp.optim.AdamW) and optimizer.state_dtype == torch.float8_e4m3fn
+    result = train(TINY_MODEL, TINY_TRAIN, lean)
+    first, last = first_and_last(result.train_losses)
+    assert last < first - 0.5, (first, last)
+    assert result.name == "FP8 memory-lean" and result.fp8_modules == 4 * TINY_MODEL.n_layers and result.fp8_amax_nonzero
+    assert abs(result.final_train - fp8_result.final_train) / fp8_result.final_train < 0.05  # loose: 25 tiny steps
+
+
+def test_the_lean_peer_is_torchao_adamwfp8_on_bf16_parameters_with_stochastic_rounding_and_a_tensor_lr():
+    pytest.importorskip("torchao")
+    from torchao.optim import AdamWFp8
+    from train_gpt import LEAN_PEERS, OPTIMIZERS, set_lr
+
+    peer = LEAN_PEERS["torchao"]
+    assert (peer.peer, peer.param_dtype, peer.autocast_dtype) == ("torchao", torch.bfloat16, None)
+    optimizer = OPTIMIZERS[peer.optimizer]([torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))], TINY_TRAIN)
+    assert isinstance(optimizer, AdamWFp8) and optimizer.bf16_stochastic_round
+    lr = optimizer.param_groups[0]["lr"]
+    set_lr(optimizer, 0.25)
+    assert optimizer.param_groups[0]["lr"] is lr and lr.item() == 0.25  # filled in place, as torchao requires
+
+
+def test_seed_table_adds_the_lean_run_against_its_peer_per_seed_and_bf16_on_the_mean():
+    from gpt_report import seed_table
+
+    per_seed = [{"FP8": 2.0, "torchao FP8": 2.02, "FP8 memory-lean": 2.01, "torchao FP8 memory-lean": 2.0, "BF16": 2.0},
+                {"FP8": 2.2, "torchao FP8": 2.2, "FP8 memory-lean": 2.23, "torchao FP8 memory-lean": 2.2, "BF16": 2.2}]
+    lines = seed_table(per_seed, "torchao FP8", "torchao FP8 memory-lean").splitlines()
+    assert lines[0] == ("| seed | FP8 | torchao FP8 | FP8 memory-lean | torchao FP8 memory-lean | BF16 | FP8 vs torchao FP8 "
+                        "| FP8 vs BF16 | FP8 memory-lean vs torchao FP8 memory-lean | FP8 memory-lean vs BF16 |")
+    assert lines[2] == "| 0 | 2.0000 | 2.0200 | 2.0100 | 2.0000 | 2.0000 | -0.99% | +0.00% | +0.50% | +0.50% |"
+    assert lines[4] == "| mean of 2 | 2.1000 | 2.1100 | 2.1200 | 2.1000 | 2.1000 | -0.47% | +0.00% | +0.95% | +0.95% |"
+    assert lines[5] == "FP8 mean final val loss vs BF16: +0.000%, within the 0.5% goal"
+    assert lines[6] == "FP8 memory-lean mean final val loss vs BF16: +0.952%, NOT within the 0.5% goal"
+    no_peer = seed_table([{"FP8": 2.0, "FP8 memory-lean": 2.0, "BF16": 2.0}], None).splitlines()
+    assert no_peer[0] == "| seed | FP8 | FP8 memory-lean | BF16 | FP8 vs BF16 | FP8 memory-lean vs BF16 |"

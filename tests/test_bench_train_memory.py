@@ -1,0 +1,131 @@
+"""benchmarks/bench_train_memory.py: its byte counts against formulas (element sizes, AdamW's two states, FP8
+states with one float32 scale per 128 elements), its --quick CLI, and a row that says why a run did not run."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import fp8mp  # noqa: E402
+import bench_train_memory as bench  # noqa: E402
+
+RUNS = {run.name: run for run in bench.RUNS}
+
+
+def tiny_gpt_figures() -> tuple[int, int, list[int]]:
+    """(parameter count, buffer bytes, numel of each parameter tensor) of the --quick demo GPT, built here."""
+    model, _ = bench.build_model("gpt", bench.QUICK_MODELS["gpt"])
+    numels = [p.numel() for p in model.parameters()]
+    return sum(numels), sum(b.numel() * b.element_size() for b in model.buffers()), numels
+
+
+def test_fp32_and_bf16_amp_count_four_bytes_a_parameter_and_two_fp32_adamw_states():
+    numel, buffer_bytes, numels = tiny_gpt_figures()
+    for name in ("FP32", "BF16 AMP"):
+        figures = bench.measure("gpt", RUNS[name], quick=True, device="cpu")
+        b = figures["bytes"]
+        assert figures["params_numel"] == numel
+        assert b["params"] == 4 * numel + buffer_bytes, name  # the tied LM head counted once
+        assert b["grads"] == 4 * numel, name
+        # exp_avg and exp_avg_sq in fp32, and torch's 0-dim float32 step per parameter tensor
+        assert b["optimizer"] == 2 * 4 * numel + 4 * len(numels), name
+        assert b["saved"] > 0
+    fp32, amp = (bench.measure("gpt", RUNS[n], quick=True, device="cpu")["bytes"]["saved"] for n in ("FP32", "BF16 AMP"))
+    assert amp < fp32  # autocast saves bf16 copies where FP32 saves fp32 activations
+
+
+def test_memory_lean_counts_bf16_parameters_and_fp8_states_with_a_scale_per_128():
+    numel, buffer_bytes, numels = tiny_gpt_figures()
+    figures = bench.measure("gpt", RUNS["fp8mp memory-lean"], quick=True, device="cpu")
+    b = figures["bytes"]
+    assert figures["param_dtypes"] == ["torch.bfloat16"]
+    assert b["params"] == 2 * numel + buffer_bytes  # fp8mp's scaling state stays fp32
+    assert b["grads"] == 2 * numel
+    # two E4M3 states (1 byte) with a float32 scale per 128 elements each, plus int64 step and seed per tensor
+    assert b["optimizer"] == sum(2 * (n + 4 * math.ceil(n / 128)) + 16 for n in numels)
+
+
+def test_saved_for_backward_of_a_linear_layer():
+    """fp32 nn.Linear saves its input (the weight is a parameter, not counted again); fp8mp's FP8 Linear saves the
+    input's and the weight's E4M3 copies and their two 1-element scales."""
+    x = torch.randn(32, 64, requires_grad=True)
+    linear = torch.nn.Linear(64, 48)
+    counter = bench.StorageCounter()
+    for p in linear.parameters():
+        counter.add("params", p)
+    _, saved = bench.count_saved(lambda: linear(x))
+    for t in saved:
+        if not counter.holds(t):
+            counter.add("saved", t)
+    assert counter.bytes["saved"] == 32 * 64 * 4
+
+    fp8_linear = fp8mp.nn.Linear(64, 48)
+    counter = bench.StorageCounter()
+    for t in [*fp8_linear.parameters(), *fp8_linear.buffers()]:
+        counter.add("params", t)
+    with fp8mp.fp8_autocast():
+        _, saved = bench.count_saved(lambda: fp8_linear(x))
+    for t in saved:
+        if not counter.holds(t):
+            counter.add("saved", t)
+    assert counter.bytes["saved"] == 32 * 64 + 64 * 48 + 2 * 4
+
+
+def test_a_storage_is_counted_once_and_a_freed_category_is_forgotten():
+    counter = bench.StorageCounter()
+    w = torch.zeros(10, 10)
+    counter.add("params", w)
+    counter.add("params", w.t())  # a view of the same storage
+    counter.add("grads", w[0])
+    assert counter.bytes == {"params": 400, "grads": 0, "optimizer": 0, "saved": 0}
+    saved = torch.zeros(5)
+    counter.add("saved", saved)
+    counter.forget("saved")
+    assert not counter.holds(saved) and counter.bytes["saved"] == 20
+
+
+def test_a_tensor_subclass_is_counted_by_its_inner_tensors():
+    pytest.importorskip("torchao")
+    from torchao.optim.subclass_fp8 import OptimStateFp8
+
+    state = OptimStateFp8.zeros((4, 256), 128, "cpu")
+    counter = bench.StorageCounter()
+    counter.add("optimizer", state)
+    assert counter.bytes["optimizer"] == 4 * 256 + 4 * (4 * 256 // 128)  # E4M3 codes + float32 scale per 128
+
+
+def test_a_run_that_cannot_run_gets_a_row_saying_why(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao raises ImportError
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    bench.child(["gpt", "torchao Float8 + AdamWFp8", "--quick"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    row = json.loads(line.removeprefix("RESULT "))
+    assert row["run"] == "torchao Float8 + AdamWFp8" and "torchao is not installed" in row["unavailable"]
+    bench.add_totals([row])
+    assert "not run: torchao is not installed" in bench.table([row], "cpu")
+
+
+def test_quick_cli_prints_the_table_with_the_goals_and_records_json(tmp_path, capsys):
+    path = tmp_path / "figures.json"
+    bench.main(["--quick", "--models", "gpt", "--runs", "BF16 AMP,fp8mp memory-lean", "--rounds", "1",
+                "--json", str(path)])
+    out = capsys.readouterr().out
+    assert "| BF16 AMP |" in out and "| fp8mp memory-lean |" in out
+    assert "fp8mp memory-lean: " in out and "bytes of training state per parameter" in out
+    assert "torch / fp8mp" in out
+    figures = json.loads(path.read_text())["train_memory"]
+    amp, lean = figures["memory"]["gpt"]
+    assert amp["total_vs_bf16_amp"] == 1.0
+    assert lean["total_bytes"] == sum(lean["bytes"].values())
+    assert 0 < lean["total_vs_bf16_amp"] < 1
+    assert lean["peak_rss_mib"] >= lean["rss_at_start_mib"] > 0  # measured in its own process
+    step = figures["optimizer_step"][0]
+    assert step["params_numel"] == amp["params_numel"] and step["peer_over_fp8mp"] > 0
