@@ -1,7 +1,7 @@
 """The FP8 linear autograd function: three FP8 GEMMs (fprop, dgrad, wgrad).
 
-Forward casts input and weight to the forward format together with their
-transposes (one read each), so backward needs no second pass over them:
+Forward casts the input to the forward format together with its transpose (one
+read), and the weight to fprop's layout only:
 
     fprop: y  = x  @ W.T     a = x    [M,K], b = W    [N,K]
     dgrad: dx = dy @ W       a = dy   [M,N], b = W.T  [K,N]
@@ -10,10 +10,18 @@ transposes (one read each), so backward needs no second pass over them:
 (`fp8_gemm(a, b)` computes a @ b.T with both operands K-major, the layout FP8
 tensor cores take.)
 
+Backward does not keep an FP8 copy of the weight: it saves the weight itself
+(a parameter, alive anyway) and the scale forward cast it with, and casts it
+again for dgrad. The cast is deterministic, so dgrad's operand has exactly the
+bits forward's transpose had; what it costs is one read of the weight per
+backward, what it saves is one byte per weight element held from forward to
+backward (on a 110M-parameter Llama, 81 of the 1249 MiB a memory-lean step
+holds: benchmarks/bench_train_memory.py).
+
 A weight stored [K,N] (`weight_in_out=True`: transformers' Conv1D, y = x @ W) is
-cast the same way; the cast's two outputs simply swap roles (its transpose is
-fprop's [N,K] operand, the cast itself dgrad's), and wgrad computes dW = x.T @ dy
-as fp8_gemm(x.T, dy.T). So no layout costs a transpose copy per step.
+cast the other way round (fprop's [N,K] operand is its cast's transpose, dgrad's
+[K,N] operand the cast itself), and wgrad computes dW = x.T @ dy as
+fp8_gemm(x.T, dy.T). So no layout costs a transpose copy per step.
 
 With a stored FP8 weight (`fp8mp.nn.Linear(..., fp8_weight=True)`, see
 fp8mp/nn/fp8_weight.py) the weight is not cast: fprop uses the stored FP8 tensor
@@ -33,7 +41,7 @@ from fp8mp.nn.block_linear_function import block_linear
 from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Columns, Fp8Meta, columns_of, fold_amax_
 from fp8mp.ops.gemm import fp8_gemm
-from fp8mp.ops.cast import cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
+from fp8mp.ops.cast import cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 
 
@@ -93,35 +101,39 @@ class Fp8LinearFunction(torch.autograd.Function):
         # copies, one per operand (they are the GEMMs' arguments as they are, no slicing of a joint copy).
         x_scale_inv = cols.scale_inv[INPUT].clone()
         if fp8_weight is None:
-            w_fp8, w_fp8_t = cast_to_fp8_transpose(weight, cols.scale[WEIGHT], cols.amax[WEIGHT], forward_format)
-            if options.weight_in_out:  # fprop wants [N,K], the cast's transpose; dgrad wants [K,N], the cast itself
-                w_fp8, w_fp8_t = w_fp8_t, w_fp8
+            w_scale = cols.scale[WEIGHT].clone()  # backward casts the weight again with this very scale
+            w_fp8 = _cast_weight(weight, w_scale, cols.amax[WEIGHT], forward_format, options.weight_in_out, "fprop")
             w_scale_inv = cols.scale_inv[WEIGHT].clone()
-        else:  # stored FP8 weight; backward transposes it (saving one FP8 copy of the weight, not two)
-            w_fp8, w_fp8_t = fp8_weight[0], None
+            w_saved = weight
+        else:  # stored FP8 weight; backward transposes it (the stored tensor: no copy is saved)
+            w_fp8, w_scale = fp8_weight[0], None
             w_scale_inv = fp8_weight[1].clone()
+            w_saved = w_fp8
         if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
             written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
             fold_amax_(cols.step_amax_head[written], cols.amax_head[written])
         out_bias = bias.to(options.out_dtype) if bias is not None else None
         out = fp8_gemm(x_fp8, x_scale_inv, w_fp8, w_scale_inv, out_bias, options.out_dtype, options.fast_accum[0])
-        ctx.save_for_backward(x_fp8_t, w_fp8 if w_fp8_t is None else w_fp8_t, x_scale_inv, w_scale_inv)
+        ctx.save_for_backward(x_fp8_t, w_saved, x_scale_inv, w_scale_inv, w_scale)
         # The scaling buffers are state, read and written in place by backward, not saved values: a module
         # that runs twice in one step updates them between its forwards, which save_for_backward would reject.
         ctx.meta_buffers = meta_buffers
         ctx.options = options
-        ctx.transpose_weight = w_fp8_t is None
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_fp8_t, w_fp8_t, x_scale_inv, w_scale_inv = ctx.saved_tensors
+        x_fp8_t, w_saved, x_scale_inv, w_scale_inv, w_scale = ctx.saved_tensors
         meta_step_amax, options = ctx.meta_buffers[3], ctx.options
         cols = options.columns if options.columns is not None else columns_of(*ctx.meta_buffers)
-        if ctx.transpose_weight:
-            w_fp8_t = w_fp8_t.t().contiguous()
+        w_fp8_t = None
+        if ctx.needs_input_grad[0] and w_scale is None:  # a stored FP8 weight [N,K]
+            w_fp8_t = w_saved.t().contiguous()
+        elif ctx.needs_input_grad[0]:  # the forward's cast again: same weight, same scale, same bits
+            scratch_amax = torch.empty(1, dtype=torch.float32, device=w_saved.device)
+            w_fp8_t = _cast_weight(w_saved, w_scale, scratch_amax, options.formats[0], options.weight_in_out, "dgrad")
         grad_out = grad_out.contiguous()
         # The bias gradient (fp32 column sums of grad_out) comes from the cast's own read of grad_out.
         wants_bias_grad = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
@@ -144,6 +156,19 @@ class Fp8LinearFunction(torch.autograd.Function):
         if wants_bias_grad:
             grad_b = dbias[0].to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _cast_weight(weight: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fmt: str, weight_in_out: bool,
+                 gemm: str) -> torch.Tensor:
+    """The FP8 weight operand `gemm` ("fprop": [N,K], "dgrad": [K,N]) takes, cast from `weight` with `scale`.
+
+    A weight stored [N,K] is fprop's operand as it is and dgrad's transposed; one stored [K,N]
+    (weight_in_out) the other way round. A transposed operand comes from the fused cast-transpose,
+    whose other output is dropped at once.
+    """
+    if (gemm == "fprop") != weight_in_out:
+        return cast_to_fp8(weight, scale, amax, fmt)
+    return cast_to_fp8_transpose(weight, scale, amax, fmt)[1]
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, meta: Fp8Meta,
