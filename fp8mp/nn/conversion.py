@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
+from fp8mp.nn.fp8_frozen_weight import store_frozen_weights_in_fp8
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
@@ -64,6 +65,7 @@ def convert(
     recipe: Recipe | None = None,
     module_filter: ModuleFilter | None = None,
     convert_norms: bool = False,
+    frozen_weights: str | None = None,
 ) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
     `convert_norms`, LayerNorm/RMSNorm).
@@ -74,6 +76,10 @@ def convert(
         module_filter: `f(fully_qualified_name, module) -> bool`; modules for which it returns False are
             kept. Use it to keep e.g. the LM head in high precision: `lambda name, m: name != "lm_head"`.
         convert_norms: also swap `nn.LayerNorm` / `nn.RMSNorm` for fp8mp's fused norms.
+        frozen_weights: None, or "fp8": store every frozen (requires_grad=False) weight of the Linear-like
+            modules that `module_filter` accepts in FP8, one byte a parameter, still read as an ordinary
+            tensor (`fp8mp.nn.store_frozen_weights_in_fp8`, fp8mp/nn/fp8_frozen_weight.py). Layers too small
+            for FP8 GEMMs are stored too (they decode).
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
     fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
@@ -88,6 +94,8 @@ def convert(
         validate_recipe(recipe)
     if module_filter is not None and not callable(module_filter):
         raise TypeError("argument 'module_filter' must be callable as module_filter(name, module) -> bool")
+    if frozen_weights not in (None, "fp8"):
+        raise ValueError(f"argument 'frozen_weights' must be None or \"fp8\", got {frozen_weights!r}")
     table = _swap_table(convert_norms)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
@@ -108,7 +116,10 @@ def convert(
             new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
         return new
 
-    return _swap_in_place(model, replacement)
+    model = _swap_in_place(model, replacement)
+    if frozen_weights == "fp8":
+        store_frozen_weights_in_fp8(model, module_filter)
+    return model
 
 
 def unconvert(model: torch.nn.Module) -> torch.nn.Module:
