@@ -73,6 +73,7 @@ def test_every_base_layer_output_is_within_e4m3_rounding_of_the_unconverted_one(
         exact = x @ weight.T
         # |W - decode(W)| <= |W| 2^-4 + scale_inv 2^-10 elementwise; the fp32 GEMM adds K eps |x| |W|
         weight_error = weight.abs() * E4M3_HALF_ULP + stored.scale_inv.double() * E4M3_SUBNORMAL_HALF_STEP
+        assert bool(((stored.decode(torch.float64) - weight).abs() <= weight_error).all()), name
         gemm_slack = x.shape[-1] * torch.finfo(torch.float32).eps * (x.abs() @ weight.abs().T) * 2
         bound = x.abs() @ weight_error.T + gemm_slack
         assert bool(((out.double() - exact).abs() <= bound).all()), name
