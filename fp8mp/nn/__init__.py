@@ -3,8 +3,8 @@ storage, LoRA and convert/unconvert. May import fp8mp.ops and fp8mp.scaling, nev
 from fp8mp.nn import fp8_state_dict, lora
 from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.fp8_state_dict import load_state_dict
-from fp8mp.nn.conversion import FP8_MODULES, convert, unconvert
-from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, decode_frozen_weights, store_frozen_weights_in_fp8, tensor_bytes
+from fp8mp.nn.conversion import FP8_MODULES, convert, store_frozen_weights_in_fp8, unconvert
+from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, decode_frozen_weights, tensor_bytes
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.fp8_weight import fp8_model_init
 from fp8mp.nn.grouped_linear import GroupedLinear

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
-from fp8mp.nn.fp8_frozen_weight import store_frozen_weights_in_fp8
+from fp8mp.nn.fp8_frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
@@ -143,3 +143,67 @@ def _swap_in_place(model: torch.nn.Module, replacement: Callable[[str, torch.nn.
                 new.train(child.training)
                 setattr(parent, child_name, new)
     return model
+
+
+# ------------------------------------------------------------------------------ frozen weights in FP8
+def _is_linear_like(module: torch.nn.Module) -> bool:
+    """nn.Linear (fp8mp.nn.Linear included), fp8mp's Conv1D and transformers' Conv1D: modules whose 2-D
+    `weight` is a GEMM operand."""
+    return isinstance(module, (torch.nn.Linear, Conv1D)) or type(module) is hf_conv1d_class()
+
+
+def _frozen_candidates(module: torch.nn.Module) -> list[str]:
+    """Names of `module`'s own frozen parameters to store in FP8: the 2-D ones of a Linear-like module, and
+    the 3-D ones (mixture-of-experts weights [E, ...]) of any module but a convolution."""
+    if isinstance(module, torch.nn.modules.conv._ConvNd):
+        return []
+    linear_like = _is_linear_like(module)
+    names = []
+    for name, param in module._parameters.items():
+        if param is None or param.requires_grad or isinstance(param, Fp8FrozenWeight):
+            continue
+        if param.dtype in REPORTED_DTYPES and (param.dim() == 3 or (param.dim() == 2 and linear_like)):
+            names.append(name)
+    return names
+
+
+def store_frozen_weights_in_fp8(model: torch.nn.Module,
+                                module_filter: ModuleFilter | None = None) -> torch.nn.Module:
+    """Replace, in place, every frozen (requires_grad=False) weight of `model`'s Linear-like modules by an
+    `nn.Parameter(Fp8FrozenWeight)`: 2-D weights of nn.Linear / fp8mp.nn.Linear / Conv1D (transformers' and
+    fp8mp's), and 3-D mixture-of-experts parameters (one scale per expert). Embeddings, norms, biases and
+    trainable parameters stay as they are. A parameter shared with another kind of module (an LM head tied
+    to the embedding) stays too, so tying holds. `module_filter(name, module)` False keeps a module's
+    parameters. Returns `model`.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"store_frozen_weights_in_fp8: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+    if module_filter is not None and not callable(module_filter):
+        raise TypeError("store_frozen_weights_in_fp8: argument 'module_filter' must be callable as "
+                        "module_filter(name, module) -> bool")
+    modules = list(model.named_modules(remove_duplicate=False))
+    chosen: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    holders: dict[int, int] = {}
+    for name, module in modules:
+        for param in module._parameters.values():
+            if param is not None:
+                holders[id(param)] = holders.get(id(param), 0) + 1
+        if module_filter is not None and not module_filter(name, module):
+            continue
+        for pname in _frozen_candidates(module):
+            chosen.setdefault(id(module._parameters[pname]), []).append((module, pname))
+    stored: dict[int, torch.nn.Parameter] = {}
+    for key, places in chosen.items():
+        if len(places) != holders[key]:
+            logger.info("fp8mp.store_frozen_weights_in_fp8: keeping %s.%s: shared with a module that is not "
+                        "stored in FP8", type(places[0][0]).__name__, places[0][1])
+            continue
+        for module, pname in places:
+            if key not in stored:
+                stored[key] = torch.nn.Parameter(Fp8FrozenWeight.from_tensor(module._parameters[pname]),
+                                                 requires_grad=False)
+            module._parameters[pname] = stored[key]
+            register_checkpoint_hooks(module)
+    return model
+
+

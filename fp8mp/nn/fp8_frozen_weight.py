@@ -1,7 +1,7 @@
 """Frozen weights stored in FP8: one byte a parameter, read as an ordinary high-precision tensor.
 
     model.requires_grad_(False)                                   # or freeze what is not trained
-    fp8mp.convert(model, frozen_weights="fp8")                    # or store_frozen_weights_in_fp8(model)
+    fp8mp.convert(model, frozen_weights="fp8")                    # or fp8mp.nn.store_frozen_weights_in_fp8(model)
     model = peft.get_peft_model(model, LoraConfig(...))           # the adapters train; the base stays FP8
 
 `Fp8FrozenWeight` is a tensor subclass (`torch.Tensor._make_wrapper_subclass`) that reports the
@@ -41,8 +41,7 @@ training path (bf16 parameters, fp8mp.optim.AdamW) never sees it.
 """
 from __future__ import annotations
 
-import logging
-from typing import Callable
+import hashlib
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -50,10 +49,8 @@ from torch.utils._pytree import tree_map_only
 
 from fp8mp.nn.fp8_weight import WEIGHT_DTYPE, quantize_weight_
 
-__all__ = ["Fp8FrozenWeight", "store_frozen_weights_in_fp8", "decode_frozen_weights", "tensor_bytes",
-           "SCALE_INV_SUFFIX"]
-
-logger = logging.getLogger("fp8mp")
+__all__ = ["Fp8FrozenWeight", "decode_frozen_weights", "tensor_bytes", "register_checkpoint_hooks", "SCALE_INV_SUFFIX",
+           "REPORTED_DTYPES"]
 
 SCALE_INV_SUFFIX = "_scale_inv"
 REPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -121,6 +118,12 @@ class Fp8FrozenWeight(torch.Tensor):
     def tolist(self):
         """The decoded weight as nested lists."""
         return self.decode().tolist()
+
+    def _stable_hash_for_caching(self) -> str:
+        """torch.compile's cache key: what the compiled code depends on (metadata, not values)."""
+        metadata = (type(self).__qualname__, str(self.dtype), tuple(self.shape), self.device.type,
+                    tuple(self.codes.stride()), tuple(self.scale_inv.shape))
+        return hashlib.blake2b(repr(metadata).encode(), digest_size=16).hexdigest()
 
     def __repr__(self) -> str:
         return (f"Fp8FrozenWeight(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}, "
@@ -211,30 +214,7 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
-# ------------------------------------------------------------------------------ models
-def _is_linear_like(module: torch.nn.Module) -> bool:
-    """nn.Linear (fp8mp.nn.Linear included), fp8mp's Conv1D and transformers' Conv1D: modules whose 2-D
-    `weight` is a GEMM operand."""
-    from fp8mp.nn.conv1d import Conv1D
-    from fp8mp.nn.conversion import hf_conv1d_class
-    return isinstance(module, (torch.nn.Linear, Conv1D)) or type(module) is hf_conv1d_class()
-
-
-def _frozen_candidates(module: torch.nn.Module) -> list[str]:
-    """Names of `module`'s own frozen parameters to store in FP8: the 2-D ones of a Linear-like module, and
-    the 3-D ones (mixture-of-experts weights [E, ...]) of any module but a convolution."""
-    if isinstance(module, torch.nn.modules.conv._ConvNd):
-        return []
-    linear_like = _is_linear_like(module)
-    names = []
-    for name, param in module._parameters.items():
-        if param is None or param.requires_grad or isinstance(param, Fp8FrozenWeight):
-            continue
-        if param.dtype in REPORTED_DTYPES and (param.dim() == 3 or (param.dim() == 2 and linear_like)):
-            names.append(name)
-    return names
-
-
+# ------------------------------------------------------------------------------ checkpoints
 def _state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
     """The state_dict holds plain tensors: an Fp8FrozenWeight `name` becomes its codes plus `name_scale_inv`."""
     for name, param in module._parameters.items():
@@ -261,47 +241,9 @@ def _load_state_dict_pre_hook(module, state_dict, prefix, local_metadata, strict
                                   f"{_describe(codes)}")
 
 
-def store_frozen_weights_in_fp8(model: torch.nn.Module,
-                                module_filter: Callable[[str, torch.nn.Module], bool] | None = None) -> torch.nn.Module:
-    """Replace, in place, every frozen (requires_grad=False) weight of `model`'s Linear-like modules by an
-    `nn.Parameter(Fp8FrozenWeight)`: 2-D weights of nn.Linear / fp8mp.nn.Linear / Conv1D (transformers' and
-    fp8mp's), and 3-D mixture-of-experts parameters (one scale per expert). Embeddings, norms, biases and
-    trainable parameters stay as they are. A parameter shared with another kind of module (an LM head tied
-    to the embedding) stays too, so tying holds. `module_filter(name, module)` False keeps a module's
-    parameters. Returns `model`.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"store_frozen_weights_in_fp8: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
-    if module_filter is not None and not callable(module_filter):
-        raise TypeError("store_frozen_weights_in_fp8: argument 'module_filter' must be callable as "
-                        "module_filter(name, module) -> bool")
-    modules = list(model.named_modules(remove_duplicate=False))
-    chosen: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-    holders: dict[int, int] = {}
-    for name, module in modules:
-        for param in module._parameters.values():
-            if param is not None:
-                holders[id(param)] = holders.get(id(param), 0) + 1
-        if module_filter is not None and not module_filter(name, module):
-            continue
-        for pname in _frozen_candidates(module):
-            chosen.setdefault(id(module._parameters[pname]), []).append((module, pname))
-    stored: dict[int, torch.nn.Parameter] = {}
-    for key, places in chosen.items():
-        if len(places) != holders[key]:
-            logger.info("fp8mp.store_frozen_weights_in_fp8: keeping %s.%s: shared with a module that is not "
-                        "stored in FP8", type(places[0][0]).__name__, places[0][1])
-            continue
-        for module, pname in places:
-            if key not in stored:
-                stored[key] = torch.nn.Parameter(Fp8FrozenWeight.from_tensor(module._parameters[pname]),
-                                                 requires_grad=False)
-            module._parameters[pname] = stored[key]
-            _register_hooks(module)
-    return model
-
-
-def _register_hooks(module: torch.nn.Module) -> None:
+def register_checkpoint_hooks(module: torch.nn.Module) -> None:
+    """Make `module`'s state_dict hold its Fp8FrozenWeight parameters as codes plus `name_scale_inv` (plain
+    tensors), and load them back from such a state_dict or from a high-precision one (once per module)."""
     if getattr(module, "_fp8_frozen_hooks", False):
         return
     module._register_state_dict_hook(_state_dict_hook)

@@ -3,6 +3,7 @@ scales, read as their original dtype. References: torch's float8_e4m3fn cast (ro
 ml_dtypes' decode in fp64."""
 from __future__ import annotations
 
+import copy
 import io
 
 import ml_dtypes
@@ -233,3 +234,22 @@ def test_decode_frozen_weights_gives_plain_parameters():
     assert type(model.up.weight) is torch.nn.Parameter and torch.equal(model.up.weight, decoded_up)
     assert not any(isinstance(p, Fp8FrozenWeight) for p in model.parameters())
     model.up.weight.data.add_(1)  # an ordinary parameter again
+
+
+def test_deepcopy_compile_and_fp8mp_lora_work_on_a_converted_model():
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).requires_grad_(False)
+    fp8mp.convert(model, frozen_weights="fp8")
+    twin = copy.deepcopy(model)
+    assert type(twin[0].weight) is Fp8FrozenWeight and twin[0].weight.codes.data_ptr() != model[0].weight.codes.data_ptr()
+    assert torch.equal(bits(twin[0].weight.codes), bits(model[0].weight.codes))
+    x = torch.randn(8, 64)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)  # inductor may reorder fp32 sums
+    with fp8mp.fp8_autocast():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+    fp8mp.nn.lora.apply_lora(model, rank=4, alpha=8.0, targets=["0", "2"])
+    assert model[0].lora_A.dtype == torch.float32 and type(model[0].base.weight) is Fp8FrozenWeight
+    with fp8mp.fp8_autocast():
+        model(x).square().sum().backward()
+    assert model[0].lora_B.grad.abs().sum() > 0 and model[0].base.weight.grad is None
