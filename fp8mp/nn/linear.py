@@ -27,9 +27,13 @@ class Linear(Fp8Module, torch.nn.Linear):
     under `torch.autocast` autocast's dtype, as nn.Linear's output does (fp8mp/nn/output_dtype.py);
     the input gradient has the input's dtype, the weight gradient the weight's.
 
+    A frozen `weight` stored by `fp8mp.convert(model, frozen_weights="fp8")` is an Fp8FrozenWeight
+    (fp8mp/nn/fp8_frozen_weight.py): its E4M3 codes and scale go to the FP8 GEMM as they are.
+
     fp8_weight=True (default: True inside `fp8mp.fp8_model_init()`) stores the weight in FP8
-    (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), trained through FP32
-    masters held by `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/nn/fp8_weight.py. Under
+    (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), for inference or frozen
+    (`freeze_weight()`), or trained through FP32 masters held by the deprecated
+    `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/nn/fp8_weight.py. Under
     `fp8_model_init(recipe=R)` with a fine-grained R the buffers are R's (weight_fp8 and its block
     scales weight_scale_inv, plus weight_fp8_t / weight_scale_inv_t where R's blocks are not square).
     Outside fp8_autocast such a layer computes in the input's dtype with the decoded weight.

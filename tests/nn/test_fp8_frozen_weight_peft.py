@@ -159,3 +159,31 @@ def test_bf16_base_stays_one_byte_a_parameter_through_to_dtype():
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_mixture_of_experts_weights_are_stored_per_expert_and_the_model_runs():
+    torch.manual_seed(6)
+    config = transformers.Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=32)
+    model = transformers.Qwen3MoeForCausalLM(config)
+    reference = transformers.Qwen3MoeForCausalLM(config)
+    reference.load_state_dict(model.state_dict())
+    model.requires_grad_(False)
+    fp8mp.convert(model, frozen_weights="fp8")
+    experts = model.model.layers[0].mlp.experts
+    ref_experts = reference.model.layers[0].mlp.experts
+    for name in ("gate_up_proj", "down_proj"):
+        stored, weight = getattr(experts, name), getattr(ref_experts, name).detach().double()
+        assert type(stored) is Fp8FrozenWeight and stored.scale_inv.shape == (4,)
+        per_expert = stored.scale_inv.double().reshape(-1, 1, 1)
+        bound = weight.abs() * E4M3_HALF_ULP + per_expert * E4M3_SUBNORMAL_HALF_STEP
+        assert bool(((stored.decode(torch.float64) - weight).abs() <= bound).all()), name
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+        for fp8 in (False, True):
+            with fp8mp.fp8_autocast(enabled=fp8):
+                logits = model(input_ids=ids).logits
+            assert logits.shape == expected.shape and bool(torch.isfinite(logits).all())
+            assert float((logits - expected).abs().max()) < 0.1 * float(expected.abs().max())
