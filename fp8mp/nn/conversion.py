@@ -123,10 +123,17 @@ def convert(
 
 
 def unconvert(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped."""
+    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped.
+
+    Frozen weights stored in FP8 stay so (their checkpoints keep the codes plus `_scale_inv` layout)."""
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
-        return module.to_torch() if isinstance(module, FP8_MODULES) else None
+        if not isinstance(module, FP8_MODULES):
+            return None
+        twin = module.to_torch()
+        if any(isinstance(p, Fp8FrozenWeight) for p in twin._parameters.values()):
+            register_checkpoint_hooks(twin)
+        return twin
 
     return _swap_in_place(model, replacement)
 

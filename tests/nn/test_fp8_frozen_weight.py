@@ -253,3 +253,22 @@ def test_deepcopy_compile_and_fp8mp_lora_work_on_a_converted_model():
     with fp8mp.fp8_autocast():
         model(x).square().sum().backward()
     assert model[0].lora_B.grad.abs().sum() > 0 and model[0].base.weight.grad is None
+
+
+def test_conv1d_runs_on_the_decoded_weight_and_unconvert_keeps_the_fp8_storage():
+    torch.manual_seed(9)
+    frozen = fp8mp.nn.Conv1D(32, 64).requires_grad_(False)  # weight [in 64, out 32]
+    torch.nn.init.normal_(frozen.weight, std=0.02)
+    plain = fp8mp.nn.Conv1D(32, 64).requires_grad_(False)
+    store_frozen_weights_in_fp8(frozen)
+    plain.load_state_dict({"weight": frozen.weight.decode(), "bias": frozen.bias}, strict=False)
+    x = torch.randn(4, 8, 64)
+    recipe = fp8mp.recipe.CurrentScaling()
+    with fp8mp.fp8_autocast(fp8_recipe=recipe):
+        assert torch.equal(frozen(x), plain(x))  # the decoded weight casts back to the same codes and scale
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32)).requires_grad_(False)
+    fp8mp.convert(model, frozen_weights="fp8")
+    fp8mp.unconvert(model)
+    assert type(model[0]) is torch.nn.Linear and type(model[0].weight) is Fp8FrozenWeight
+    state = model.state_dict()
+    assert state["0.weight"].dtype == torch.float8_e4m3fn and "0.weight_scale_inv" in state
