@@ -3,15 +3,14 @@
 hold the adapters only, merging needs the base decoded first."""
 from __future__ import annotations
 
+import peft  # pinned in requirements-test.txt
 import pytest
+import safetensors.torch
 import torch
-import torch.nn.functional as F
+import transformers
 
 import fp8mp
 from fp8mp.nn import Fp8FrozenWeight, decode_frozen_weights, tensor_bytes
-
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 E4M3_HALF_ULP = 2.0 ** -4      # relative rounding error bound of a normal E4M3 value (3 mantissa bits)
@@ -114,8 +113,7 @@ def test_save_pretrained_holds_the_adapters_only_and_loads_onto_a_converted_base
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.02)  # non-zero adapters, so that loading them changes the output
     model.save_pretrained(tmp_path)
-    from safetensors.torch import load_file
-    saved = load_file(tmp_path / "adapter_model.safetensors")
+    saved = safetensors.torch.load_file(tmp_path / "adapter_model.safetensors")
     assert saved and all("lora_" in key for key in saved)
     base = tiny_llama()
     base.requires_grad_(False)
