@@ -68,7 +68,7 @@ class Fp8FrozenWeight(torch.Tensor):
 
     @staticmethod
     def __new__(cls, codes: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype):
-        return torch.Tensor._make_wrapper_subclass(cls, codes.shape, dtype=dtype, device=codes.device,
+        return cls._make_wrapper_subclass(cls, codes.shape, dtype=dtype, device=codes.device,
                                                    requires_grad=False)
 
     def __init__(self, codes: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype):
@@ -89,11 +89,12 @@ class Fp8FrozenWeight(torch.Tensor):
         codes = torch.empty(weight.shape, dtype=WEIGHT_DTYPE, device=weight.device)
         scale_inv = torch.ones(groups, dtype=torch.float32, device=weight.device)
         new = cls(codes, scale_inv, weight.dtype)
-        new._quantize_from(weight.detach())
+        new.quantize_from_(weight.detach())
         return new
 
-    def _quantize_from(self, source: torch.Tensor) -> None:
-        """In place: codes and scales = the current-scaling quantization of `source` (one scale per group)."""
+    def quantize_from_(self, source: torch.Tensor) -> None:
+        """In place: codes and scales = the current-scaling quantization of `source` (one scale per group);
+        what `copy_(source)` does with a high-precision source."""
         scale = torch.ones_like(self.scale_inv)
         if self.codes.dim() == 2:
             quantize_weight_(source, self.codes, scale, self.scale_inv)
@@ -158,7 +159,7 @@ class Fp8FrozenWeight(torch.Tensor):
                 target.scale_inv.copy_(source.scale_inv)
             else:
                 source = source.decode() if isinstance(source, Fp8FrozenWeight) else source
-                target._quantize_from(source.to(target.codes.device).expand(target.shape))
+                target.quantize_from_(source.to(target.codes.device).expand(target.shape))
             return target
         _refuse_writes(func, args, kwargs)
         args, kwargs = tree_map_only(Fp8FrozenWeight, lambda w: w.decode(), (args, kwargs))
@@ -246,8 +247,8 @@ def register_checkpoint_hooks(module: torch.nn.Module) -> None:
     tensors), and load them back from such a state_dict or from a high-precision one (once per module)."""
     if getattr(module, "_fp8_frozen_hooks", False):
         return
-    module._register_state_dict_hook(_state_dict_hook)
-    module._register_load_state_dict_pre_hook(_load_state_dict_pre_hook, with_module=True)
+    module.register_state_dict_post_hook(_state_dict_hook)
+    module.register_load_state_dict_pre_hook(_load_state_dict_pre_hook)
     module._fp8_frozen_hooks = True
 
 
