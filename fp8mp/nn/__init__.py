@@ -3,7 +3,8 @@ storage, LoRA and convert/unconvert. May import fp8mp.ops and fp8mp.scaling, nev
 from fp8mp.nn import fp8_state_dict, lora
 from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.fp8_state_dict import load_state_dict
-from fp8mp.nn.conversion import FP8_MODULES, convert, unconvert
+from fp8mp.nn.conversion import FP8_MODULES, convert, store_frozen_weights_in_fp8, unconvert
+from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, decode_frozen_weights, tensor_bytes
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.fp8_weight import fp8_model_init
 from fp8mp.nn.grouped_linear import GroupedLinear
@@ -13,4 +14,4 @@ from fp8mp.nn.lora import LoRALinear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
 __all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
-           "fp8_model_init", "lora", "fp8_state_dict", "load_state_dict"]
+           "fp8_model_init", "Fp8FrozenWeight", "store_frozen_weights_in_fp8", "decode_frozen_weights", "tensor_bytes", "lora", "fp8_state_dict", "load_state_dict"]

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
+from fp8mp.nn.fp8_frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
@@ -64,6 +65,7 @@ def convert(
     recipe: Recipe | None = None,
     module_filter: ModuleFilter | None = None,
     convert_norms: bool = False,
+    frozen_weights: str | None = None,
 ) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
     `convert_norms`, LayerNorm/RMSNorm).
@@ -74,6 +76,10 @@ def convert(
         module_filter: `f(fully_qualified_name, module) -> bool`; modules for which it returns False are
             kept. Use it to keep e.g. the LM head in high precision: `lambda name, m: name != "lm_head"`.
         convert_norms: also swap `nn.LayerNorm` / `nn.RMSNorm` for fp8mp's fused norms.
+        frozen_weights: None, or "fp8": store every frozen (requires_grad=False) weight of the Linear-like
+            modules that `module_filter` accepts in FP8, one byte a parameter, still read as an ordinary
+            tensor (`fp8mp.nn.store_frozen_weights_in_fp8`, fp8mp/nn/fp8_frozen_weight.py). Layers too small
+            for FP8 GEMMs are stored too (they decode).
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
     fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
@@ -88,6 +94,8 @@ def convert(
         validate_recipe(recipe)
     if module_filter is not None and not callable(module_filter):
         raise TypeError("argument 'module_filter' must be callable as module_filter(name, module) -> bool")
+    if frozen_weights not in (None, "fp8"):
+        raise ValueError(f"argument 'frozen_weights' must be None or \"fp8\", got {frozen_weights!r}")
     table = _swap_table(convert_norms)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
@@ -108,14 +116,24 @@ def convert(
             new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
         return new
 
-    return _swap_in_place(model, replacement)
+    model = _swap_in_place(model, replacement)
+    if frozen_weights == "fp8":
+        store_frozen_weights_in_fp8(model, module_filter)
+    return model
 
 
 def unconvert(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped."""
+    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped.
+
+    Frozen weights stored in FP8 stay so (their checkpoints keep the codes plus `_scale_inv` layout)."""
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
-        return module.to_torch() if isinstance(module, FP8_MODULES) else None
+        if not isinstance(module, FP8_MODULES):
+            return None
+        twin = module.to_torch()
+        if any(isinstance(p, Fp8FrozenWeight) for p in twin._parameters.values()):
+            register_checkpoint_hooks(twin)
+        return twin
 
     return _swap_in_place(model, replacement)
 
@@ -132,3 +150,67 @@ def _swap_in_place(model: torch.nn.Module, replacement: Callable[[str, torch.nn.
                 new.train(child.training)
                 setattr(parent, child_name, new)
     return model
+
+
+# ------------------------------------------------------------------------------ frozen weights in FP8
+def _is_linear_like(module: torch.nn.Module) -> bool:
+    """nn.Linear (fp8mp.nn.Linear included), fp8mp's Conv1D and transformers' Conv1D: modules whose 2-D
+    `weight` is a GEMM operand."""
+    return isinstance(module, (torch.nn.Linear, Conv1D)) or type(module) is hf_conv1d_class()
+
+
+def _frozen_candidates(module: torch.nn.Module) -> list[str]:
+    """Names of `module`'s own frozen parameters to store in FP8: the 2-D ones of a Linear-like module, and
+    the 3-D ones (mixture-of-experts weights [E, ...]) of any module but a convolution."""
+    if isinstance(module, torch.nn.modules.conv._ConvNd):
+        return []
+    linear_like = _is_linear_like(module)
+    names = []
+    for name, param in module._parameters.items():
+        if param is None or param.requires_grad or isinstance(param, Fp8FrozenWeight):
+            continue
+        if param.dtype in REPORTED_DTYPES and (param.dim() == 3 or (param.dim() == 2 and linear_like)):
+            names.append(name)
+    return names
+
+
+def store_frozen_weights_in_fp8(model: torch.nn.Module,
+                                module_filter: ModuleFilter | None = None) -> torch.nn.Module:
+    """Replace, in place, every frozen (requires_grad=False) weight of `model`'s Linear-like modules by an
+    `nn.Parameter(Fp8FrozenWeight)`: 2-D weights of nn.Linear / fp8mp.nn.Linear / Conv1D (transformers' and
+    fp8mp's), and 3-D mixture-of-experts parameters (one scale per expert). Embeddings, norms, biases and
+    trainable parameters stay as they are. A parameter shared with another kind of module (an LM head tied
+    to the embedding) stays too, so tying holds. `module_filter(name, module)` False keeps a module's
+    parameters. Returns `model`.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"store_frozen_weights_in_fp8: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+    if module_filter is not None and not callable(module_filter):
+        raise TypeError("store_frozen_weights_in_fp8: argument 'module_filter' must be callable as "
+                        "module_filter(name, module) -> bool")
+    modules = list(model.named_modules(remove_duplicate=False))
+    chosen: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    holders: dict[int, int] = {}
+    for name, module in modules:
+        for param in module._parameters.values():
+            if param is not None:
+                holders[id(param)] = holders.get(id(param), 0) + 1
+        if module_filter is not None and not module_filter(name, module):
+            continue
+        for pname in _frozen_candidates(module):
+            chosen.setdefault(id(module._parameters[pname]), []).append((module, pname))
+    stored: dict[int, torch.nn.Parameter] = {}
+    for key, places in chosen.items():
+        if len(places) != holders[key]:
+            logger.info("fp8mp.store_frozen_weights_in_fp8: keeping %s.%s: shared with a module that is not "
+                        "stored in FP8", type(places[0][0]).__name__, places[0][1])
+            continue
+        for module, pname in places:
+            if key not in stored:
+                stored[key] = torch.nn.Parameter(Fp8FrozenWeight.from_tensor(module._parameters[pname]),
+                                                 requires_grad=False)
+            module._parameters[pname] = stored[key]
+            register_checkpoint_hooks(module)
+    return model
+
+

@@ -1,5 +1,13 @@
 """FP8 weight storage: Linear weights kept in float8_e4m3fn with their scale, FP32 masters elsewhere.
 
+Which storage to use: frozen weights of any model (a LoRA base, inference) under per-tensor recipes are
+stored by `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/nn/fp8_frozen_weight.py), which keeps
+`.weight` an ordinary-looking parameter; trained weights stay bf16 parameters updated by
+`fp8mp.optim.AdamW` with FP8 states. `fp8_model_init` serves inference and frozen `fp8mp.nn.Linear`
+layers, and is the one way to store a weight with a fine-grained recipe's block scales. Training its
+weights through FP32 masters (`MasterWeightOptimizer`, below) is deprecated: the masters and their
+gradients take 8 bytes a parameter, so it saves no memory.
+
     with fp8mp.fp8_model_init():                 # or fp8mp.nn.Linear(..., fp8_weight=True)
         model = build_model()                    # every fp8mp.nn.Linear stores its weight in FP8
     optimizer = fp8mp.optim.MasterWeightOptimizer(lambda p: torch.optim.AdamW(p, lr=1e-3), model)

@@ -10,6 +10,7 @@ from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn import fp8_weight as fp8_weight_storage
 from fp8mp.nn.block_linear_function import stored_weight_operands
 from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
+from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight
 from fp8mp.nn.fp8_module import Fp8Module
 
 # The buffers an FP8-stored weight may have, in the order stored_weight_operands takes the block ones.
@@ -26,9 +27,13 @@ class Linear(Fp8Module, torch.nn.Linear):
     under `torch.autocast` autocast's dtype, as nn.Linear's output does (fp8mp/nn/output_dtype.py);
     the input gradient has the input's dtype, the weight gradient the weight's.
 
+    A frozen `weight` stored by `fp8mp.convert(model, frozen_weights="fp8")` is an Fp8FrozenWeight
+    (fp8mp/nn/fp8_frozen_weight.py): its E4M3 codes and scale go to the FP8 GEMM as they are.
+
     fp8_weight=True (default: True inside `fp8mp.fp8_model_init()`) stores the weight in FP8
-    (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), trained through FP32
-    masters held by `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/nn/fp8_weight.py. Under
+    (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), for inference or frozen
+    (`freeze_weight()`), or trained through FP32 masters held by the deprecated
+    `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/nn/fp8_weight.py. Under
     `fp8_model_init(recipe=R)` with a fine-grained R the buffers are R's (weight_fp8 and its block
     scales weight_scale_inv, plus weight_fp8_t / weight_scale_inv_t where R's blocks are not square).
     Outside fp8_autocast such a layer computes in the input's dtype with the decoded weight.
@@ -72,9 +77,14 @@ class Linear(Fp8Module, torch.nn.Linear):
 
     def fp8_weight_operands(self, recipe) -> tuple[torch.Tensor | None, object]:
         """(weight, stored) as the FP8 linear functions take them under `recipe`: the `weight` parameter and
-        None, or, for an FP8-stored weight, the leaf that receives its gradient (the master, or None) and
+        None; for a frozen Fp8FrozenWeight under a per-tensor E4M3 recipe, None and its (codes, scale_inv);
+        or, for an FP8-stored weight, the leaf that receives its gradient (the master, or None) and
         the stored operands (refusing a recipe of another weight layout)."""
         weight = self.weight
+        if isinstance(weight, Fp8FrozenWeight) and fp8_weight_storage.block_weight_layout(recipe) is None \
+                and recipe.fp8_format.forward_format == "e4m3":
+            # the codes are what a current-scaling cast of the decoded weight gives: use them as they are
+            return None, weight.fp8_operands()
         if weight is not None:
             return weight, None
         stored = self._stored_weight_for(recipe)

@@ -1,5 +1,10 @@
 """`MasterWeightOptimizer`: FP32 master weights for FP8-weight layers, re-quantized after each step.
 
+Deprecated (FutureWarning): the FP32 masters and their gradients take 8 bytes a parameter, so training
+weights stored in FP8 this way saves nothing against FP32 weights. Train bf16 `nn.Parameter`s with
+`fp8mp.optim.AdamW(params, state_dtype=torch.float8_e4m3fn)` instead, and store weights that are not
+trained in FP8 with `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/nn/fp8_frozen_weight.py).
+
     with fp8mp.fp8_model_init():
         model = build_model()
     optimizer = fp8mp.optim.MasterWeightOptimizer(lambda params: torch.optim.AdamW(params, lr=1e-3), model)
@@ -14,17 +19,26 @@ pass `wrapper.optimizer`.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
 
-__all__ = ["MasterWeightOptimizer"]
+__all__ = ["MasterWeightOptimizer", "DEPRECATION_MESSAGE"]
+
+DEPRECATION_MESSAGE = (
+    "fp8mp.optim.MasterWeightOptimizer is deprecated: FP32 masters of FP8-stored weights and their gradients "
+    "take 8 bytes a parameter, so this saves no memory. Train bf16 nn.Parameters with "
+    "fp8mp.optim.AdamW(params, state_dtype=torch.float8_e4m3fn), and store weights that are not trained in FP8 "
+    "with fp8mp.convert(model, frozen_weights='fp8')")
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
 
 
 class MasterWeightOptimizer:
     """Wraps an optimizer so that it trains the FP8-weight `fp8mp.nn.Linear` layers of `model`.
+
+    Deprecated: see the module docstring for what to use instead.
 
     Args:
         optimizer: a factory `params -> torch.optim.Optimizer`, called with all of `model`'s
@@ -39,6 +53,7 @@ class MasterWeightOptimizer:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer | OptimizerFactory, model: torch.nn.Module):
+        warnings.warn(DEPRECATION_MESSAGE, FutureWarning, stacklevel=2)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"MasterWeightOptimizer: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
         self.layers = [m for m in model.modules()

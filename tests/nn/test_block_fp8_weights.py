@@ -19,6 +19,9 @@ from fp8mp.nn.lora import apply_lora
 from fp8mp.scaling.recipe import BlockScaling, CurrentScaling, Format, MXFP8Scaling, RowwiseScaling
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
 
+# MasterWeightOptimizer is deprecated; its behaviour is still tested here (the warning: test_fp8_weights.py)
+pytestmark = pytest.mark.filterwarnings("ignore:fp8mp.optim.MasterWeightOptimizer is deprecated:FutureWarning")
+
 E4M3 = torch.float8_e4m3fn
 RECIPES = [RowwiseScaling(), RowwiseScaling(power_of_2_scales=False), BlockScaling(), BlockScaling(power_of_2_scales=True),
            MXFP8Scaling(), MXFP8Scaling("floor")]

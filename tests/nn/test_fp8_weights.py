@@ -15,6 +15,9 @@ from fp8mp.ops.scale_update import compute_scale
 
 from test_linear import sqnr_db
 
+# MasterWeightOptimizer is deprecated; its behaviour is still tested here (the warning: test_fp8_weights.py)
+pytestmark = pytest.mark.filterwarnings("ignore:fp8mp.optim.MasterWeightOptimizer is deprecated:FutureWarning")
+
 E4M3_RECIPES = [DelayedScaling(fp8_format=Format.E4M3, amax_history_len=4), CurrentScaling(fp8_format=Format.E4M3)]
 
 
@@ -280,3 +283,10 @@ def test_dtype_conversion_keeps_stored_fp8_weight():
     assert layer.weight_fp8.dtype == torch.float8_e4m3fn and torch.equal(layer.weight_fp8.view(torch.uint8), bits)
     assert layer.weight_scale.dtype == layer.weight_scale_inv.dtype == torch.float32
     assert layer.bias.dtype == torch.bfloat16
+
+
+def test_master_weight_optimizer_warns_that_it_is_deprecated_and_names_what_to_use():
+    with fp8mp.fp8_model_init():
+        model = fp8mp.nn.Linear(32, 16)
+    with pytest.warns(FutureWarning, match=r"deprecated.*fp8mp\.optim\.AdamW.*frozen_weights='fp8'"):
+        MasterWeightOptimizer(lambda params: torch.optim.SGD(params, lr=0.1), model)
