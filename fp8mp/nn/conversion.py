@@ -15,6 +15,7 @@ from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
+from fp8mp.nn.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
 from fp8mp.scaling.autocast import validate_recipe
 from fp8mp.scaling.recipe import Recipe
 
@@ -64,6 +65,7 @@ def convert(
     recipe: Recipe | None = None,
     module_filter: ModuleFilter | None = None,
     convert_norms: bool = False,
+    fp8_saved_activations: bool = False,
 ) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
     `convert_norms`, LayerNorm/RMSNorm).
@@ -74,6 +76,9 @@ def convert(
         module_filter: `f(fully_qualified_name, module) -> bool`; modules for which it returns False are
             kept. Use it to keep e.g. the LM head in high precision: `lambda name, m: name != "lm_head"`.
         convert_norms: also swap `nn.LayerNorm` / `nn.RMSNorm` for fp8mp's fused norms.
+        fp8_saved_activations: also make the norms and activation-function modules (those `module_filter`
+            keeps) store what they save for backward in FP8, E4M3 with one fp32 scale per 128 elements
+            (fp8mp/nn/saved_activations.py, which says which modules and what is stored).
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
     fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
@@ -88,6 +93,8 @@ def convert(
         validate_recipe(recipe)
     if module_filter is not None and not callable(module_filter):
         raise TypeError("argument 'module_filter' must be callable as module_filter(name, module) -> bool")
+    if not isinstance(fp8_saved_activations, bool):
+        raise TypeError(f"argument 'fp8_saved_activations' must be a bool, got {fp8_saved_activations!r}")
     table = _swap_table(convert_norms)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
@@ -108,11 +115,16 @@ def convert(
             new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
         return new
 
-    return _swap_in_place(model, replacement)
+    model = _swap_in_place(model, replacement)
+    if fp8_saved_activations:
+        enable_fp8_saved_activations(model, module_filter)
+    return model
 
 
 def unconvert(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped."""
+    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped, and so
+    is FP8 storage of saved activations (`convert(..., fp8_saved_activations=True)`)."""
+    disable_fp8_saved_activations(model)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
         return module.to_torch() if isinstance(module, FP8_MODULES) else None
