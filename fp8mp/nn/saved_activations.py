@@ -12,12 +12,14 @@ below E4M3's normal range in their group (``scale = 448 / group amax``).
 
 The mechanism fits any model: forward pre/post hooks on each chosen module enter
 `torch.autograd.graph.saved_tensors_hooks` around its forward, so every tensor the module's ops save
-passes through :func:`pack`. It is stored in FP8 when it is a contiguous float32/bfloat16/float16
-tensor that is neither an nn.Parameter nor a leaf that requires grad (nor a view of one: those stay
-referenced anyway, so a copy would only add bytes), with at least 1/8 of the elements of the call's
-largest floating input (so per-row statistics such as LayerNorm's mean and rstd, 1/H of it, stay
-exact). Every other saved tensor is kept as it is. A tensor saved twice within one call (RMSNorm
-written in torch ops saves its input for ``pow`` and for ``mul``) is stored once.
+passes through the pack hook. It is stored in FP8 when it is a float32/bfloat16/float16 tensor that
+is neither an nn.Parameter nor a leaf that requires grad (nor a view of one: those stay referenced
+anyway, so a copy would only add bytes) nor an expanded view, with at least 1/8 of the elements of
+the call's largest floating input (so per-row statistics such as LayerNorm's mean and rstd, 1/H of
+it, stay exact). Every other saved tensor is kept as it is. A tensor saved twice within one call
+(RMSNorm written in torch ops saves its input for ``pow`` and for ``mul``) is stored once. Backward
+gets the stored tensor back with its shape and dtype, contiguous (as from
+`torch.autograd.graph.save_on_cpu`).
 
 Which modules (`is_fp8_saved_activation_module`):
 
@@ -26,7 +28,8 @@ Which modules (`is_fp8_saved_activation_module`):
 * activation functions: torch.nn's (torch.nn.modules.activation: GELU, SiLU, ReLU, Tanh, GLU, ...,
   not MultiheadAttention nor the softmax family), every module of transformers.activations (ACT2FN's
   GELUActivation, NewGELUActivation, SiLUActivation, ...), and every module whose class name ends in
-  "GLU" (gated activations such as SwiGLU modules).
+  "GLU" (gated activations such as SwiGLU modules);
+* and the subclasses of all these.
 
 How it composes:
 
@@ -82,13 +85,15 @@ def fp8_saved_bytes_per_element(last_dim: int) -> float:
 
 def is_fp8_saved_activation_module(module: torch.nn.Module) -> bool:
     """Whether `enable_fp8_saved_activations` hooks `module`: a norm or an activation function (module docstring)."""
-    cls = type(module)
-    name = cls.__name__
-    if name.endswith(NORM_SUFFIXES) or name.endswith(GATED_SUFFIX) or name == "LayerNormLinear":
-        return True
-    if cls.__module__ == "transformers.activations":
-        return True
-    return cls.__module__ == "torch.nn.modules.activation" and not isinstance(module, NOT_ACTIVATIONS)
+    if isinstance(module, NOT_ACTIVATIONS):
+        return False
+    for cls in type(module).__mro__:  # a subclass of a chosen module is chosen too
+        name = cls.__name__
+        if name.endswith(NORM_SUFFIXES) or name.endswith(GATED_SUFFIX) or name == "LayerNormLinear":
+            return True
+        if cls.__module__ in ("torch.nn.modules.activation", "transformers.activations"):
+            return True
+    return False
 
 
 class Fp8SavedTensor:
@@ -148,7 +153,9 @@ class _Call:
         owner = _owner(x)
         if isinstance(owner, torch.nn.Parameter) or (owner.is_leaf and owner.requires_grad):
             return False
-        return x.dtype in STORED_DTYPES and x.numel() >= self.min_numel and x.numel() > 0 and x.is_contiguous()
+        # An expanded view (a zero stride) would cost more in FP8 than the storage it reads.
+        expanded = any(stride == 0 and size > 1 for size, stride in zip(x.shape, x.stride()))
+        return x.dtype in STORED_DTYPES and x.numel() >= max(self.min_numel, 1) and not expanded
 
     def pack(self, x: torch.Tensor) -> Any:
         if not self.stores_in_fp8(x):
