@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 import fp8mp
 from fp8mp.nn.saved_activations import (dequantize_saved, disable_fp8_saved_activations, enable_fp8_saved_activations,
                                         fp8_saved_bytes_per_element, quantize_saved)
-from fp8mp.training.saved_tensor_bytes import saved_tensor_bytes
+from fp8mp.training.saved_tensors import saved_tensor_bytes
 
 E4M3_MAX = 448.0
 GROUP = 128

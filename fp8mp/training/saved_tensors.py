@@ -32,15 +32,15 @@ def saved_tensor_bytes(fn: Callable[[], Any], model: torch.nn.Module | None = No
     meanwhile): the memory of the step grows by what backward would free early.
     """
     if not callable(fn):
-        raise TypeError("fp8mp.training.saved_tensor_bytes: argument 'fn' must be callable with no arguments")
+        raise TypeError("fp8mp.training.saved_tensors.saved_tensor_bytes: argument 'fn' must be callable with no arguments")
     if (model is None) != (category is None):
-        raise ValueError("fp8mp.training.saved_tensor_bytes: arguments 'model' and 'category' go together "
+        raise ValueError("fp8mp.training.saved_tensors.saved_tensor_bytes: arguments 'model' and 'category' go together "
                          f"(got model={'None' if model is None else type(model).__name__}, category={category!r})")
     if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(f"fp8mp.training.saved_tensor_bytes: argument 'model' must be a torch.nn.Module, "
+        raise TypeError(f"fp8mp.training.saved_tensors.saved_tensor_bytes: argument 'model' must be a torch.nn.Module, "
                         f"got {type(model).__name__}")
     if category is not None and not callable(category):
-        raise TypeError("fp8mp.training.saved_tensor_bytes: argument 'category' must be callable as category(module) -> str")
+        raise TypeError("fp8mp.training.saved_tensors.saved_tensor_bytes: argument 'category' must be callable as category(module) -> str")
     excluded = set()
     if model is not None:
         excluded = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
