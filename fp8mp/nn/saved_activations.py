@@ -240,7 +240,7 @@ def has_fp8_saved_activations(module: torch.nn.Module) -> bool:
 
 def _check_model(model, fn: str) -> None:
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"fp8mp.nn.{fn}: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"fp8mp.nn.saved_activations.{fn}: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
 
 
 def enable_fp8_saved_activations(model: torch.nn.Module, module_filter: ModuleFilter | None = None) -> torch.nn.Module:
@@ -251,7 +251,7 @@ def enable_fp8_saved_activations(model: torch.nn.Module, module_filter: ModuleFi
     """
     _check_model(model, "enable_fp8_saved_activations")
     if module_filter is not None and not callable(module_filter):
-        raise TypeError("fp8mp.nn.enable_fp8_saved_activations: argument 'module_filter' must be callable as "
+        raise TypeError("fp8mp.nn.saved_activations.enable_fp8_saved_activations: argument 'module_filter' must be callable as "
                         "module_filter(name, module) -> bool")
     for name, module in model.named_modules():
         if not is_fp8_saved_activation_module(module) or has_fp8_saved_activations(module):

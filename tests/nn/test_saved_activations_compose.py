@@ -307,3 +307,29 @@ def test_saved_tensor_bytes_counts_each_storage_once_and_no_parameters():
     assert counts == {"linear": 10 * 64 * 4, "outside": 10 * 192 * 4 + 10 * 64 * 4, "total": 10 * (64 + 192 + 64) * 4}
     assert saved_tensor_bytes(attention_like) == {"total": counts["total"]}
     assert not linear._forward_pre_hooks and not linear._forward_hooks, "the counter's module hooks are removed"
+
+
+@pytest.mark.parametrize("recipe", [fp8mp.recipe.DelayedScaling(), fp8mp.recipe.BlockScaling()], ids=["delayed", "block"])
+def test_layernorm_linear_fused_paths_store_the_norm_input(recipe):
+    """fp8mp.nn.LayerNormLinear's fused paths (the norm writes FP8 for the Linear) keep the norm's input for
+    backward: stored in FP8, only the norm's weight gradient reads it; the FP8 Linear's saved tensors stay."""
+    torch.manual_seed(0)
+    plain = fp8mp.nn.LayerNormLinear(256, 256)
+    x = torch.randn(64, 256)
+
+    def step(module):
+        with fp8mp.fp8_autocast(fp8_recipe=recipe):
+            return module(x * 1)
+
+    for _ in range(2):  # delayed scaling runs fused from its second step
+        step(plain).square().sum().backward()
+    hooked = enable_fp8_saved_activations(copy.deepcopy(plain))
+    assert (saved_tensor_bytes(lambda: step(copy.deepcopy(plain)))["total"]
+            - saved_tensor_bytes(lambda: step(copy.deepcopy(hooked)))["total"]) == x.numel() * (4 - FP8_BYTES)
+    for module in (plain, hooked):
+        module.zero_grad()
+        step(module).square().sum().backward()
+    assert torch.equal(plain.linear.weight.grad, hooked.linear.weight.grad)
+    assert torch.equal(plain.norm.bias.grad, hooked.norm.bias.grad)
+    weight_error = (plain.norm.weight.grad - hooked.norm.weight.grad).norm() / plain.norm.weight.grad.norm()
+    assert 0 < weight_error < 2.0 ** -4
