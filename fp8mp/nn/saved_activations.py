@@ -75,7 +75,7 @@ ModuleFilter = Callable[[str, torch.nn.Module], bool]
 
 
 def fp8_saved_bytes_per_element(last_dim: int) -> float:
-    """Bytes per element of a tensor stored by :func:`pack` whose last dimension is `last_dim`: 1 byte of
+    """Bytes per element of a tensor stored by :func:`quantize_saved` whose last dimension is `last_dim`: 1 byte of
     E4M3 plus one 4-byte scale per group (ceil(last_dim / 128) groups a row; a last dimension under 128
     is grouped with the rest of the tensor, 128 elements a group)."""
     if last_dim < GROUP_SIZE:
@@ -178,7 +178,7 @@ class _Call:
         return self.outer_unpack(kept) if self.outer_unpack is not None else kept
 
 
-_active = threading.local()  # per thread: the stack of _Call (or None where a call stored nothing)
+_active = threading.local()  # per thread: the stack of running calls (_Call, or None for a call without grad)
 
 
 def _stack() -> list:
