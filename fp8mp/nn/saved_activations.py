@@ -204,10 +204,14 @@ class SavedActivationHooks:
         if torch.compiler.is_compiling():
             return None
         call = None
-        if torch.is_grad_enabled() and torch._C._autograd._saved_tensors_hooks_is_enabled():
+        if torch.is_grad_enabled():
+            # torch has no public way to read the enclosing pair (torch.utils.checkpoint reads it the same way).
             outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
             call = _Call(_largest_floating_numel(args, kwargs) // STATISTICS_FRACTION, outer)
-            call.hooks.__enter__()
+            try:
+                call.hooks.__enter__()
+            except RuntimeError:  # saved-tensor hooks are disabled here (torch.autograd.graph.disable_saved_tensors_hooks)
+                call = None
         _stack().append(call)
         return None
 

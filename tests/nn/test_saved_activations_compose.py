@@ -333,3 +333,12 @@ def test_layernorm_linear_fused_paths_store_the_norm_input(recipe):
     assert torch.equal(plain.norm.bias.grad, hooked.norm.bias.grad)
     weight_error = (plain.norm.weight.grad - hooked.norm.weight.grad).norm() / plain.norm.weight.grad.norm()
     assert 0 < weight_error < 2.0 ** -4
+
+
+def test_where_saved_tensor_hooks_are_disabled_nothing_is_stored_in_fp8():
+    module = enable_fp8_saved_activations(torch.nn.GELU())
+    x = torch.randn(8, 128).requires_grad_() * 1
+    with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+        out = module(x)
+    assert saved_activations._stack() == []
+    assert torch.equal(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(torch.nn.functional.gelu(x).sum(), x)[0])
