@@ -61,16 +61,17 @@ class CausalSelfAttention(torch.nn.Module):
 
 
 class MLP(torch.nn.Module):
-    """Two fp8mp.nn.Linear layers with a GELU between them."""
+    """Two fp8mp.nn.Linear layers with a GELU between them (a module, so that convert finds it)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         hidden = config.mlp_ratio * config.d_model
         self.fc = fp8mp.nn.Linear(config.d_model, hidden)
+        self.act = torch.nn.GELU()
         self.proj = fp8mp.nn.Linear(hidden, config.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(self.act(self.fc(x)))
 
 
 class Block(torch.nn.Module):

@@ -16,6 +16,7 @@ from fp8mp.nn.fp8_frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, registe
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
+from fp8mp.nn.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
 from fp8mp.scaling.autocast import validate_recipe
 from fp8mp.scaling.recipe import Recipe
 
@@ -66,6 +67,7 @@ def convert(
     module_filter: ModuleFilter | None = None,
     convert_norms: bool = False,
     frozen_weights: str | None = None,
+    fp8_saved_activations: bool = False,
 ) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
     `convert_norms`, LayerNorm/RMSNorm).
@@ -80,6 +82,9 @@ def convert(
             modules that `module_filter` accepts in FP8, one byte a parameter, still read as an ordinary
             tensor (`fp8mp.nn.store_frozen_weights_in_fp8`, fp8mp/nn/fp8_frozen_weight.py). Layers too small
             for FP8 GEMMs are stored too (they decode).
+        fp8_saved_activations: also make the norms and activation-function modules (those `module_filter`
+            keeps) store what they save for backward in FP8, E4M3 with one fp32 scale per 128 elements
+            (fp8mp/nn/saved_activations.py, which says which modules and what is stored).
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
     fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
@@ -96,6 +101,8 @@ def convert(
         raise TypeError("argument 'module_filter' must be callable as module_filter(name, module) -> bool")
     if frozen_weights not in (None, "fp8"):
         raise ValueError(f"argument 'frozen_weights' must be None or \"fp8\", got {frozen_weights!r}")
+    if not isinstance(fp8_saved_activations, bool):
+        raise TypeError(f"argument 'fp8_saved_activations' must be a bool, got {fp8_saved_activations!r}")
     table = _swap_table(convert_norms)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
@@ -119,13 +126,17 @@ def convert(
     model = _swap_in_place(model, replacement)
     if frozen_weights == "fp8":
         store_frozen_weights_in_fp8(model, module_filter)
+    if fp8_saved_activations:
+        enable_fp8_saved_activations(model, module_filter)
     return model
 
 
 def unconvert(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped.
+    """Swap fp8mp modules back to their torch twins (sharing parameters); FP8 scaling state is dropped, and so
+    is FP8 storage of saved activations (`convert(..., fp8_saved_activations=True)`).
 
     Frozen weights stored in FP8 stay so (their checkpoints keep the codes plus `_scale_inv` layout)."""
+    disable_fp8_saved_activations(model)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
         if not isinstance(module, FP8_MODULES):
