@@ -17,7 +17,7 @@ the total (training state + saved for backward) against BF16 AMP's in the same t
 Runs (RUNS): FP32; BF16 AMP (fp32 parameters, torch.autocast(bfloat16), torch.optim.AdamW); fp8mp compute-only
 (the same with fp8mp's Linear layers under fp8mp.fp8_autocast); fp8mp memory-lean (model.to(torch.bfloat16): bf16
 nn.Parameters, fp8mp's Linear layers under fp8_autocast, fp8mp.optim.AdamW with FP8 states and stochastically
-rounded bf16 parameters); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
+rounded bf16 parameters, the norms and activation functions saving for backward in FP8); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
 AdamWFp8, AdamW8bit, and bf16 parameters with its bf16 stochastic-rounding AdamW (torchao.optim._AdamW). The peers
 keep bf16 parameters where the fp8mp memory-lean run does, and round them stochastically as it does. A run that
 cannot run here gets a row that says why.
@@ -69,13 +69,15 @@ class Run:
     autocast: bool = False  # torch.autocast(bfloat16) around the forward
     fp8: str | None = None  # "fp8mp" (fp8mp.convert, fp8_autocast) or "torchao" (convert_to_float8_training)
     optimizer: str = "torch AdamW"  # a key of OPTIMIZERS
+    fp8_saved_activations: bool = False  # fp8mp.convert(..., fp8_saved_activations=True): norms, activations in FP8
 
 
 RUNS = [
     Run("FP32"),
     Run("BF16 AMP", autocast=True),
     Run("fp8mp compute-only", autocast=True, fp8="fp8mp"),
-    Run("fp8mp memory-lean", param_dtype=torch.bfloat16, fp8="fp8mp", optimizer="fp8mp AdamW FP8"),
+    Run("fp8mp memory-lean", param_dtype=torch.bfloat16, fp8="fp8mp", optimizer="fp8mp AdamW FP8",
+        fp8_saved_activations=True),
     Run("torchao Float8 + AdamWFp8", param_dtype=torch.bfloat16, fp8="torchao", optimizer="torchao AdamWFp8"),
     Run("torchao AdamW8bit", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao AdamW8bit"),
     Run("torchao bf16 SR AdamW", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao bf16 SR AdamW"),
@@ -158,7 +160,8 @@ def to_fp8(model: torch.nn.Module, run: Run, device: str) -> torch.nn.Module:
 
     head = output_embedding(model)
     if run.fp8 == "fp8mp":
-        return fp8mp.convert(model, module_filter=lambda name, m: m is not head)
+        return fp8mp.convert(model, module_filter=lambda name, m: m is not head,
+                             fp8_saved_activations=run.fp8_saved_activations)
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as error:

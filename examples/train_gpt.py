@@ -64,14 +64,17 @@ class Precision:
     peer: str | None = None  # a peer library's FP8 Linear in place of fp8mp's (PEERS)
     param_dtype: torch.dtype = torch.float32
     optimizer: str = "torch AdamW"
+    fp8_saved_activations: bool = False  # fp8mp.convert(model, fp8_saved_activations=True)
 
 
-# Memory-lean: bf16 nn.Parameters (model.to(torch.bfloat16)), no torch.autocast, fp8mp.nn.Linear in FP8, and
-# fp8mp.optim.AdamW with FP8 states rounding the bf16 parameters stochastically: 6.06 bytes of training state a
-# parameter against the other runs' 16 (benchmarks/bench_train_memory.py).
+# Memory-lean: bf16 nn.Parameters (model.to(torch.bfloat16)), no torch.autocast, fp8mp.nn.Linear in FP8,
+# fp8mp.optim.AdamW with FP8 states rounding the bf16 parameters stochastically (6.06 bytes of training state a
+# parameter against the other runs' 16), and the norms and GELUs saving for backward in FP8
+# (benchmarks/bench_train_memory.py).
 PRECISIONS = {
     "fp8": Precision("FP8", torch.bfloat16, fp8=True),
-    "fp8-lean": Precision("FP8 memory-lean", None, fp8=True, param_dtype=torch.bfloat16, optimizer="fp8mp AdamW FP8"),
+    "fp8-lean": Precision("FP8 memory-lean", None, fp8=True, param_dtype=torch.bfloat16, optimizer="fp8mp AdamW FP8",
+                          fp8_saved_activations=True),
     "bf16": Precision("BF16", torch.bfloat16, fp8=False),
     "fp32": Precision("FP32", None, fp8=False),
 }
@@ -285,6 +288,8 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
     model = GPT(model_config) if build_model is None else build_model(model_config, precision)
     if precision.peer is not None:
         model = with_torchao_float8(model, config.recipe)
+    if precision.fp8_saved_activations:
+        model = fp8mp.convert(model, fp8_saved_activations=True)
     model = model.to(device=config.device, dtype=precision.param_dtype)
     optimizer = OPTIMIZERS[precision.optimizer](model.parameters(), config)
     recipe = RECIPES[config.recipe]

@@ -46,9 +46,11 @@ class LayerNormLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         linear = self.linear
-        if not autocast_state.is_fp8_enabled() or not self._runs_fused(linear.fp8_recipe or autocast_state.get_fp8_recipe()):
+        if not autocast_state.is_fp8_enabled():
             return linear(self.norm(input))
-        linear.check_input(input)
+        linear.check_input(input)  # before the norm, so that a bad input's error names this module's argument
+        if not self._runs_fused(linear.fp8_recipe or autocast_state.get_fp8_recipe()):
+            return linear(self.norm(input))
         # The fused computation inside the linear's own FP8 prologue (its record, fallback, lock, configure).
         return linear.run_fp8(input, self._fused_forward, lambda x: linear.fallback_forward(self.norm(x)))
 
