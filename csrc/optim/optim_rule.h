@@ -54,12 +54,12 @@ FP8MP_HOST_DEVICE uint32_t state_random(uint64_t random, int k) {
 // against the low 16 bits of `random`,
 // so the expected value is x. NaN becomes 0x7FC0 (torch's bits), Inf stays Inf; a finite value within one
 // bf16 step of the largest rounds to Inf with the probability of crossing it, as nearest rounding would.
+// Branch-free (the CPU loop vectorizes): Inf needs no case of its own, as adding less than 2^16 to its bits
+// leaves their upper half as it is.
 FP8MP_HOST_DEVICE uint16_t bf16_stochastic_bits(float x, uint32_t random) {
   const uint32_t u = float_to_bits(x);
-  const uint32_t magnitude = u & 0x7FFFFFFFu;
-  if (magnitude > 0x7F800000u) return 0x7FC0u;
-  if (magnitude == 0x7F800000u) return uint16_t(u >> 16);
-  return uint16_t((u + (random & 0xFFFFu)) >> 16);
+  const int32_t rounded = int32_t((u + (random & 0xFFFFu)) >> 16);
+  return uint16_t(select((u & 0x7FFFFFFFu) > 0x7F800000u, 0x7FC0, rounded));
 }
 
 FP8MP_HOST_DEVICE float bf16_bits_to_float(uint16_t bits) { return bits_to_float(uint32_t(bits) << 16); }
