@@ -15,13 +15,25 @@
 #include <type_traits>
 
 #include "common/cpu_clones.h"
-#include "common/fp8_decode_table.h"
 
 namespace fp8mp::cpu {
 namespace {
 
 using optim::kStateBlock;
 using optim::StateType;
+
+// decode<Fp8Format::E4M3>(code), branch-free so that the loop over a block vectorizes (a table lookup does
+// not: it is a load per element). Normal codes: the exponent re-biased by adding (127 - 7) << 23 to the
+// code's bits moved to fp32's places; subnormal ones (exponent 0): mantissa * 2^-9, exact; NaN: sign|0x7FC00000.
+inline float e4m3_value(uint8_t code) {
+  constexpr uint32_t kRebias = uint32_t(127 - FormatTraits<Fp8Format::E4M3>::kBias) << 23;
+  constexpr int kShift = 23 - FormatTraits<Fp8Format::E4M3>::kManBits;
+  const uint32_t magnitude = code & 0x7Fu;
+  const uint32_t subnormal = float_to_bits(float(magnitude) * 0x1p-9f);
+  uint32_t bits = uint32_t(select(magnitude < 8u, int32_t(subnormal), int32_t((magnitude << kShift) + kRebias)));
+  bits = uint32_t(select(magnitude == uint32_t(kNanCode), int32_t(0x7FC00000u), int32_t(bits)));
+  return bits_to_float(bits | (uint32_t(code & 0x80u) << 24));
+}
 
 // One block of `count` (<= kStateBlock) elements starting at element `begin`, its FP8 scales at `block`.
 // Inlined into each caller, so that a full block's loops have a constant trip count.
@@ -40,11 +52,10 @@ __attribute__((always_inline)) inline void step_block(const optim::StepBuffers& 
   }
   for (int k = 0; k < K; ++k) {
     if constexpr (S == StateType::E4M3) {
-      const float* table = decode_table<Fp8Format::E4M3>().data();
       const float scale = b.state_scale[k][block];
       const auto* __restrict codes = static_cast<const uint8_t*>(b.state[k]) + begin;
       for (int64_t j = 0; j < count; ++j) {
-        state[k][j] = optim::fp8_state_value(table[codes[j]], scale, Rule::sqrt_domain(k));
+        state[k][j] = optim::fp8_state_value(e4m3_value(codes[j]), scale, Rule::sqrt_domain(k));
       }
     } else {
       for (int64_t j = 0; j < count; ++j) state[k][j] = optim::load_state<S>(b.state[k], begin + j, 0.0f, false);
