@@ -5,9 +5,9 @@
 // The block's work is split into loops the compiler vectorizes (the random bits of the block, the FP8
 // decode, the update rule, the amax, the FP8 encode), compiled for AVX-512, AVX2 and baseline x86-64
 // (FP8MP_CPU_CLONES, picked by the CPU at load time). They are optim_rule.h's functions element by element,
-// and the build keeps IEEE fp32 semantics (no contraction, no reassociation), so every ISA writes the bits
-// of the one-element-at-a-time loop; FP8MP_CPU_OPTIM=scalar runs that loop (not vectorized) instead, to
-// check it.
+// and the build keeps IEEE fp32 semantics (no contraction, no reassociation; -fno-math-errno only lets the
+// update's sqrt vectorize), so every ISA writes the bits of the one-element-at-a-time loop;
+// FP8MP_CPU_OPTIM=scalar runs that loop (not vectorized, with GCC) instead, to check it.
 #include "optim/optim_cpu_kernels.h"
 
 #include <cstdlib>
@@ -15,6 +15,12 @@
 #include <type_traits>
 
 #include "common/cpu_clones.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define FP8MP_NOT_VECTORIZED __attribute__((optimize("no-tree-vectorize")))
+#else
+#define FP8MP_NOT_VECTORIZED
+#endif
 
 namespace fp8mp::cpu {
 namespace {
@@ -110,10 +116,8 @@ FP8MP_CPU_CLONES void step_blocks(const optim::StepBuffers& b, const typename Ru
 
 // The same blocks one element at a time (FP8MP_CPU_OPTIM=scalar).
 template <typename Rule, typename P, typename G, StateType S>
-__attribute__((optimize("no-tree-vectorize"))) void step_blocks_scalar(const optim::StepBuffers& b,
-                                                                       const typename Rule::Scalars& c,
-                                                                       uint64_t key, int64_t first_block,
-                                                                       int64_t last_block) {
+FP8MP_NOT_VECTORIZED void step_blocks_scalar(const optim::StepBuffers& b, const typename Rule::Scalars& c,
+                                             uint64_t key, int64_t first_block, int64_t last_block) {
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t begin = block * kStateBlock;
     step_block<Rule, P, G, S>(b, c, key, block, begin, b.numel - begin < kStateBlock ? b.numel - begin : kStateBlock);
