@@ -16,12 +16,14 @@ The ratio is the peer's time over the row's (> 1: fp8mp faster). The bytes colum
 per parameter (state_bytes for fp8mp, the exp_avg / exp_avg_sq / step tensors for torch).
 
     python benchmarks/bench_optimizer.py [--device cpu|cuda] [--shapes 4096x4096,2048x4096,4096] [--bf16-params]
+        [--threads N]
 
-Results (machine, date, command): benchmarks/RESULTS.md. On an idle 2-vCPU Xeon with AMX the fused step with
-fp32 or bf16 states ran at 1.4x-2.4x of the peer, with FP8 states at 0.64x (fp32 params) and 0.96x (bf16 params):
-the stochastic rounding of two states (a 64-bit hash per element, an E4M3 encode) is compiled for the baseline
-x86-64 ISA (no AVX-512 dispatch in csrc/optim yet), and on an idle host it costs more than the
-fewer bytes save; the non-finite check is one more read of every gradient (torch.aminmax).
+--threads sets torch's intra-op threads of this process (CPU): 1 measures the arithmetic and the bytes alone,
+apart from how promptly a busy host wakes the other threads of each parallel region (torch's foreach step runs
+several regions per tensor, fp8mp's one).
+
+Results (machine, date, command): benchmarks/RESULTS.md. The non-finite check is one more read of every
+gradient (torch.aminmax).
 """
 from __future__ import annotations
 
@@ -58,7 +60,10 @@ def main():
     parser.add_argument("--shapes", default="4096x4096,2048x4096,4096")
     parser.add_argument("--bf16-params", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for this process")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
     dtype = torch.bfloat16 if args.bf16_params else torch.float32
     numel = sum(torch.Size(s).numel() for s in shapes)

@@ -8,7 +8,10 @@
 //     kStateBlock contiguous elements (absmax / 448, stochastic rounding); a rule may keep a state in the
 //     square-root domain when it is FP8 (AdamW's second moment: sqrt(v) has the range of m, v twice that);
 //   * the counter-based random bits of stochastic rounding: a splitmix64-style hash of
-//     (seed, step, element index), so a resumed run draws the same bits.
+//     (seed, step, element index), so a resumed run draws the same bits;
+//   * the NaN bits written, whatever NaN the arithmetic left (x86 and NVIDIA differ, and so do operand orders
+//     that a compiler may swap): float32 0x7FC00000 (nan_keeping_scale.h's canonical NaN), bfloat16 0x7FC0,
+//     E4M3 code 0x7F.
 // Standard library only, like fp8_format.h.
 #pragma once
 
@@ -18,6 +21,7 @@
 #include "common/fp8_format.h"
 #include "blockwise/block_scale_rule.h"
 #include "common/half_types.h"
+#include "common/nan_keeping_scale.h"
 
 namespace fp8mp::optim {
 
@@ -54,12 +58,12 @@ FP8MP_HOST_DEVICE uint32_t state_random(uint64_t random, int k) {
 // against the low 16 bits of `random`,
 // so the expected value is x. NaN becomes 0x7FC0 (torch's bits), Inf stays Inf; a finite value within one
 // bf16 step of the largest rounds to Inf with the probability of crossing it, as nearest rounding would.
+// Branch-free (the CPU loop vectorizes): Inf needs no case of its own, as adding less than 2^16 to its bits
+// leaves their upper half as it is.
 FP8MP_HOST_DEVICE uint16_t bf16_stochastic_bits(float x, uint32_t random) {
   const uint32_t u = float_to_bits(x);
-  const uint32_t magnitude = u & 0x7FFFFFFFu;
-  if (magnitude > 0x7F800000u) return 0x7FC0u;
-  if (magnitude == 0x7F800000u) return uint16_t(u >> 16);
-  return uint16_t((u + (random & 0xFFFFu)) >> 16);
+  const int32_t rounded = int32_t((u + (random & 0xFFFFu)) >> 16);
+  return uint16_t(select((u & 0x7FFFFFFFu) > 0x7F800000u, 0x7FC0, rounded));
 }
 
 FP8MP_HOST_DEVICE float bf16_bits_to_float(uint16_t bits) { return bits_to_float(uint32_t(bits) << 16); }
@@ -90,9 +94,9 @@ FP8MP_HOST_DEVICE T ieee_sqrt(T x) {
 }
 
 // The FP8 scale of a block whose largest magnitude is amax: values = decode(code) * scale. A zero block
-// has scale 0 (its codes are 0).
+// has scale 0 (its codes are 0), a block holding a NaN the canonical NaN.
 FP8MP_HOST_DEVICE float state_block_scale(float amax) {
-  return block_div(amax, FormatTraits<Fp8Format::E4M3>::kMax);
+  return pin_nan(block_div(amax, FormatTraits<Fp8Format::E4M3>::kMax));
 }
 FP8MP_HOST_DEVICE float state_block_encode_multiplier(float amax) {
   return amax > 0.0f ? block_div(FormatTraits<Fp8Format::E4M3>::kMax, amax) : 0.0f;
@@ -103,8 +107,8 @@ FP8MP_HOST_DEVICE float state_block_encode_multiplier(float amax) {
 // x: an EMA whose step is below E4M3's spacing (AdamW's v at beta2 = 0.999, Lion's m at 0.99) still moves on
 // average, where nearest rounding would freeze it. Normal range: 20 random bits added below the 3 mantissa
 // bits kept, then truncated (a carry moves to the next binade, as it should). Subnormal range (|x| < 2^-6,
-// spacing 2^-9): floor(|x| 2^9 + uniform). Branch-free; values just above 448 truncate to 448; NaN keeps
-// nearest rounding's code. `keep_positive`: a positive x below the smallest subnormal keeps that subnormal
+// spacing 2^-9): floor(|x| 2^9 + uniform). Branch-free; values just above 448 truncate to 448; NaN becomes
+// 0x7F, whatever its sign. `keep_positive`: a positive x below the smallest subnormal keeps that subnormal
 // instead of 0 (for AdamW's sqrt(v), a denominator: 0 would turn a surviving m into a step of m / eps).
 FP8MP_HOST_DEVICE uint8_t e4m3_stochastic_code(float x, uint32_t random, bool keep_positive) {
   constexpr uint32_t kDropped = 23 - FormatTraits<Fp8Format::E4M3>::kManBits;  // 20 fp32 mantissa bits
@@ -121,8 +125,9 @@ FP8MP_HOST_DEVICE uint8_t e4m3_stochastic_code(float x, uint32_t random, bool ke
 #endif
   int32_t code = select(magnitude_bits < kMinNormalBits, int32_t(subnormal_position), normal_code);
   code = select(keep_positive && code == 0 && magnitude_bits != 0u && (bits >> 31) == 0u, 1, code);
-  code = select(magnitude_bits > 0x7F800000u, kNanCode, code);
-  return uint8_t(uint32_t(code) | ((bits >> 24) & 0x80u));
+  const bool is_nan = magnitude_bits > 0x7F800000u;
+  code = select(is_nan, kNanCode, code);
+  return uint8_t(uint32_t(code) | uint32_t(select(is_nan, 0, int32_t((bits >> 24) & 0x80u))));
 }
 
 // ------------------------------------------------------------------------------------------------ AdamW
@@ -214,19 +219,20 @@ FP8MP_HOST_DEVICE float fp8_stored_value(float value, bool sqrt_domain) {
   return sqrt_domain ? ieee_sqrt(value) : value;
 }
 
-// A new state value written as float32 or bfloat16 (the FP8 states are written per block, by the kernels);
+// A new state value written as float32 (a NaN canonical) or bfloat16 (the FP8 states are written per block, by the kernels);
 // `random` is state_random's word.
 template <StateType S>
 FP8MP_HOST_DEVICE void store_wide_state(void* data, int64_t i, float value, uint32_t random) {
   if constexpr (S == StateType::Float32) {
-    static_cast<float*>(data)[i] = value;
+    static_cast<float*>(data)[i] = pin_nan(value);
   } else {
     static_cast<uint16_t*>(data)[i] = bf16_stochastic_bits(value, random >> 16);
   }
 }
 
-// The new parameter: float32 exactly, bfloat16 with stochastic rounding (`random`: element_random's bits).
-FP8MP_HOST_DEVICE void store_param(float* data, int64_t i, float value, uint64_t) { data[i] = value; }
+// The new parameter: float32 exactly (a NaN canonical), bfloat16 with stochastic rounding (`random`:
+// element_random's bits).
+FP8MP_HOST_DEVICE void store_param(float* data, int64_t i, float value, uint64_t) { data[i] = pin_nan(value); }
 FP8MP_HOST_DEVICE void store_param(bf16* data, int64_t i, float value, uint64_t random) {
   data[i].bits = bf16_stochastic_bits(value, param_random(random));
 }

@@ -15,7 +15,14 @@ parameter, gradient and states once and writing them once:
 * ``step`` (1-element int64 on the parameter's device) is the count of steps taken, incremented by the op;
   the bias corrections use it, so it is the stochastic-rounding counter too;
 * ``found_inf`` (optional 1-element float32 on the device): when nonzero nothing at all is written, not even
-  ``step`` (the whole step is skipped, read on the device without a host sync).
+  ``step`` (the whole step is skipped, read on the device without a host sync);
+* a NaN is written with fixed bits on both devices: float32 0x7FC00000, bfloat16 0x7FC0, E4M3 code 0x7F, and
+  the scale of a block holding a NaN 0x7FC00000.
+
+On CPU the kernels run the blocks in parallel on torch's intra-op threads and vectorize each block (AVX-512,
+AVX2 or baseline x86-64, chosen by the CPU); the bits written do not depend on either.
+``FP8MP_CPU_OPTIM=scalar`` in the environment (read once per process) runs one element at a time instead, the
+same bits more slowly: tests/optim/test_optim_cpu_paths.py compares the two.
 """
 from __future__ import annotations
 
