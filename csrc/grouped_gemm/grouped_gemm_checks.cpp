@@ -122,6 +122,41 @@ GroupedGemmFormats check_fp8_grouped_gemm_wgrad_args(const Tensor& a, const Tens
   return formats;
 }
 
+GroupedGemmFormats check_block_scaled_grouped_gemm_wgrad_args(const Tensor& a, const Tensor& a_scale_inv,
+                                                              const Tensor& b, const Tensor& b_scale_inv,
+                                                              const Tensor& offs, int64_t block_k,
+                                                              ScalarType out_dtype) {
+  constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
+  const GroupedGemmFormats formats = check_operands(a, b, op);
+  check_offs(offs, a, op);
+  check_high_precision_dtype(out_dtype, op, "out_dtype");
+  FP8MP_CHECK_VALUE(a.dim() == 2, op, ": argument 'a' must be 2-D [N, T], got shape ", shape_str(a));
+  FP8MP_CHECK_VALUE(b.dim() == 2, op, ": argument 'b' must be 2-D [K, T], got shape ", shape_str(b));
+  FP8MP_CHECK_VALUE(b.size(1) == a.size(1), op, ": argument 'b' must be [K, T] with T = a.size(1) = ", a.size(1),
+                    " (out[g] = a[:, group g] @ b[:, group g].T), got shape ", shape_str(b));
+  check_multiple_of_16(a.size(0), op, "a", "N = a.size(0)");
+  check_multiple_of_16(b.size(0), op, "b", "K = b.size(0)");
+  FP8MP_CHECK_VALUE(block_k >= 1, op, ": argument 'block_k' must be >= 1, got ", block_k);
+  FP8MP_CHECK_VALUE(a_scale_inv.dim() == 2, op, ": argument 'a_scale_inv' must be 2-D [N, C] (the groups' chunks), ",
+                    "got shape ", shape_str(a_scale_inv));
+  const int64_t chunks = a_scale_inv.size(1);
+  check_block_scale_tensor(a_scale_inv, a, {a.size(0), chunks}, "one scale per row and group chunk", op,
+                           "a_scale_inv");
+  check_block_scale_tensor(b_scale_inv, a, {b.size(0), chunks}, "one scale per row and group chunk, as a_scale_inv",
+                           op, "b_scale_inv");
+  return formats;
+}
+
+void check_group_chunks(const int32_t* offs, int64_t groups, int64_t block_k, int64_t chunks, const char* op) {
+  int64_t expected = 0, start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    expected += ceil_div(offs[g] - start, block_k);
+    start = offs[g];
+  }
+  FP8MP_CHECK_VALUE(chunks == expected, op, ": argument 'a_scale_inv' must have C = ", expected,
+                    " columns (the groups' chunks, ceil(T_g / block_k) each, for these offs), got ", chunks);
+}
+
 void check_group_offsets(const int32_t* offs, int64_t groups, int64_t total, const char* total_name, const char* op) {
   int64_t previous = 0;
   for (int64_t g = 0; g < groups; ++g) {
