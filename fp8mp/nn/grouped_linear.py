@@ -15,15 +15,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from fp8mp.nn.fp8_linear_function import linear_options
 from fp8mp.nn.fp8_module import Fp8Module
-from fp8mp.nn.grouped_linear_function import BlockGroupedLinearFunction, Fp8GroupedLinearFunction
-from fp8mp.nn.output_dtype import output_dtype
+from fp8mp.nn.grouped_linear_function import meta_grouped_linear
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.config_checks import check_int
-from fp8mp.scaling.fp8_meta import GRAD, INPUT
-from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["GroupedLinear"]
 
@@ -136,19 +132,8 @@ class GroupedLinear(Fp8Module):
         return self._per_group_linear(x2d, sizes, self.weight.to(x2d.dtype), bias)
 
     def _fp8_forward(self, x2d: torch.Tensor, sizes: list[int], ran_before: bool) -> torch.Tensor:
-        meta = self.fp8_meta
-        recipe = meta.recipe
         offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(device=x2d.device, dtype=torch.int32)
-        if isinstance(recipe, BlockRecipe):  # fine-grained: scales per block, nothing in meta to update or reduce
-            formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-            return BlockGroupedLinearFunction.apply(x2d, self.weight, self.bias, offs, sizes, recipe, formats, False,
-                                                    output_dtype(x2d))
-        grad_scale_fn = meta.prepare_forward_scales(x2d, None, autocast_state.get_fp8_group(), ran_before)
-        options = linear_options(meta, grad_scale_fn, output_dtype(x2d))
-        out = Fp8GroupedLinearFunction.apply(x2d, self.weight, self.bias, offs, False, meta.forward_buffers(),
-                                             options, recipe.margin)
-        meta.mark_initialized()
-        return out
+        return meta_grouped_linear(self.fp8_meta, x2d, self.weight, self.bias, offs, sizes, False, ran_before)
 
     # ----------------------------------------------------------------------------- Fp8Module's hooks
     def check_input(self, input: torch.Tensor) -> None:

@@ -27,14 +27,16 @@ import torch
 import contextlib
 
 from fp8mp.nn.block_linear_function import block_k_of
-from fp8mp.nn.fp8_linear_function import Fp8LinearOptions
+from fp8mp.nn.fp8_linear_function import Fp8LinearOptions, linear_options
+from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose
 from fp8mp.ops.cast import cast_to_fp8_transpose
 from fp8mp.ops.format import FP8_DTYPES, fp8_max_of
 from fp8mp.ops.grouped_gemm import (block_scaled_grouped_gemm, block_scaled_grouped_gemm_wgrad, fp8_grouped_gemm,
                                     fp8_grouped_gemm_wgrad)
 from fp8mp.ops.scale_update import compute_scale
-from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, columns_of, fold_amax_
+from fp8mp.scaling import autocast as autocast_state
+from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, columns_of, fold_amax_
 from fp8mp.scaling.recipe import BlockRecipe
 
 FORWARD_FORMAT, BACKWARD_FORMAT = "e4m3", "e5m2"
@@ -292,3 +294,31 @@ class BlockGroupedLinearFunction(torch.autograd.Function):
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = group_sums(grad_out, offs).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def group_sizes_of(offs: torch.Tensor) -> list[int]:
+    """The groups' row counts from their cumulative ends `offs` (read on the host)."""
+    ends = offs.tolist()
+    return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def meta_grouped_linear(meta: Fp8Meta, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        offs: torch.Tensor, sizes: list[int] | None, weight_in_out: bool, ran_before: bool):
+    """The FP8 grouped linear of an FP8 module (fp8mp.nn.GroupedLinear, the transformers experts' projections)
+    under its meta's recipe, inside that module's run_fp8: the per-tensor recipes through Fp8GroupedLinearFunction
+    with the meta's scales (its casts recording amaxes and non-finite values there), the fine-grained ones through
+    BlockGroupedLinearFunction (nothing read from or written to the meta, as fp8mp.nn.Linear's block path).
+    sizes: the groups' row counts, or None to read them from offs (the fine-grained recipes need them on the host).
+    """
+    recipe = meta.recipe
+    if isinstance(recipe, BlockRecipe):
+        formats = (meta.format_of(INPUT), meta.format_of(GRAD))
+        sizes = group_sizes_of(offs) if sizes is None else sizes
+        return BlockGroupedLinearFunction.apply(x2d, weight, bias, offs, sizes, recipe, formats, weight_in_out,
+                                                output_dtype(x2d))
+    grad_scale_fn = meta.prepare_forward_scales(x2d, None, autocast_state.get_fp8_group(), ran_before)
+    options = linear_options(meta, grad_scale_fn, output_dtype(x2d))
+    out = Fp8GroupedLinearFunction.apply(x2d, weight, bias, offs, weight_in_out, meta.forward_buffers(), options,
+                                         recipe.margin)
+    meta.mark_initialized()
+    return out
