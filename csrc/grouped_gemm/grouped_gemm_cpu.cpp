@@ -89,18 +89,17 @@ Tensor block_scaled_grouped_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Ten
 Tensor block_scaled_grouped_gemm_wgrad_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                                            int64_t block_k, ScalarType out_dtype) {
   constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
-  const GroupedGemmFormats formats =
+  const BlockWgradShape s =
       check_block_scaled_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype);
-  const int64_t N = a.size(0), T = a.size(1), K = b.size(0), G = offs.size(0), C = a_scale_inv.size(1);
-  const Tensor offs_c = checked_offsets(offs, T, "a.size(1)", op);
+  const Tensor offs_c = checked_offsets(offs, s.T, "a.size(1)", op);
   const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
-  check_group_chunks(offs_p, G, block_k, C, op);
-  Tensor out = empty_on({G, N, K}, out_dtype, a);
+  check_group_chunks(offs_p, s.G, block_k, s.C, op);
+  Tensor out = empty_on({s.G, s.N, s.K}, out_dtype, a);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
   const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
-  cpu::block_scaled_grouped_gemm_wgrad(block_operand(ac, formats.a, sa, 1), block_operand(bc, formats.b, sb, 1), offs_p,
-                                       G, N, K, T, C, block_k, out.mutable_data_ptr(), hp_type(out_dtype),
-                                       fp32_gemm_nt, stable_parallel_for);
+  cpu::block_scaled_grouped_gemm_wgrad(block_operand(ac, s.formats.a, sa, 1), block_operand(bc, s.formats.b, sb, 1),
+                                       offs_p, s.G, s.N, s.K, s.T, s.C, block_k, out.mutable_data_ptr(),
+                                       hp_type(out_dtype), fp32_gemm_nt, stable_parallel_for);
   return out;
 }
 

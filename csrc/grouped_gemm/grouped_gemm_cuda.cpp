@@ -111,30 +111,29 @@ Tensor block_scaled_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Te
 Tensor block_scaled_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                                             int64_t block_k, ScalarType out_dtype) {
   constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
-  const GroupedGemmFormats formats =
+  const BlockWgradShape s =
       check_block_scaled_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype);
-  const int64_t N = a.size(0), T = a.size(1), K = b.size(0), G = offs.size(0), C = a_scale_inv.size(1);
   // Every group's reduction is at most T long: the recipe of block_k over K = T is each group's.
-  const cuda::BlockGemmPlanChoice choice =
-      cuda::block_gemm_recipe(T, 1, 1, block_k, a_scale_inv.scalar_type() != kFloat, b_scale_inv.scalar_type() != kFloat);
+  const cuda::BlockGemmPlanChoice choice = cuda::block_gemm_recipe(
+      s.T, 1, 1, block_k, a_scale_inv.scalar_type() != kFloat, b_scale_inv.scalar_type() != kFloat);
   FP8MP_CHECK(choice.why_not.empty(), choice.why_not);
   const auto guard = guard_device_of(a);
   const cudaStream_t stream = current_cuda_stream(a);
-  const std::vector<int32_t> host_offs = checked_host_offsets(offs, T, "a.size(1)", op, stream);
-  check_group_chunks(host_offs.data(), G, block_k, C, op);
+  const std::vector<int32_t> host_offs = checked_host_offsets(offs, s.T, "a.size(1)", op, stream);
+  check_group_chunks(host_offs.data(), s.G, block_k, s.C, op);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
   const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
-  Tensor out = empty_on({G, N, K}, out_dtype, a);
+  Tensor out = empty_on({s.G, s.N, s.K}, out_dtype, a);
   const cuda::BlockScaledGroupedGemmWgradArgs args{
       choice.recipe,
-      cuda::BlockGemmOperand{codes(ac), formats.a, sa.const_data_ptr(), N, 1, choice.a_layout},
-      cuda::BlockGemmOperand{codes(bc), formats.b, sb.const_data_ptr(), K, 1, choice.b_layout},
+      cuda::BlockGemmOperand{codes(ac), s.formats.a, sa.const_data_ptr(), s.N, 1, choice.a_layout},
+      cuda::BlockGemmOperand{codes(bc), s.formats.b, sb.const_data_ptr(), s.K, 1, choice.b_layout},
       host_offs.data(),
-      G,
-      N,
-      K,
-      T,
-      C,
+      s.G,
+      s.N,
+      s.K,
+      s.T,
+      s.C,
       block_k,
       out.mutable_data_ptr(),
       hp_type(out_dtype)};

@@ -83,6 +83,12 @@ def group_sums(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return torch.segment_reduce(t.float(), "sum", lengths=lengths, axis=0, initial=0)
 
 
+def _save_dtypes(ctx, x, weight, bias) -> None:
+    """The dtypes of the gradients backward returns: x's, weight's and bias's (None without a bias)."""
+    ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
 class Fp8GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, offs, weight_in_out=False, meta_buffers=None,
@@ -119,8 +125,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x_fp8_t, x_scale_inv, w_fp8, w_scale_inv, offs)
         ctx.weight_in_out = weight_in_out
         ctx.meta_buffers, ctx.options, ctx.formats, ctx.fast_accum = meta_buffers, options, formats, fast_accum
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        _save_dtypes(ctx, x, weight, bias)
         return out
 
     @staticmethod
@@ -273,16 +278,15 @@ class BlockGroupedLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x_t_q[0], x_t_q[1], w_t_q[0], w_t_q[1], offs)
         ctx.blocks = (x_t_q[2], w_t_q[2:])
         ctx.sizes, ctx.recipe, ctx.backward_format, ctx.weight_in_out = sizes, recipe, formats[1], weight_in_out
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        _save_dtypes(ctx, x, weight, bias)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_t_data, x_t_scale, w_t_data, w_t_scale, offs = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        g_q, g_t_q = quantize_tokens(grad_out, ctx.sizes, ctx.recipe, ctx.backward_format, need_dgrad, need_wgrad)
+        g_q, g_t_q = quantize_tokens(grad_out.contiguous(), ctx.sizes, ctx.recipe, ctx.backward_format, need_dgrad,
+                                     need_wgrad)
+        x_t_data, x_t_scale, w_t_data, w_t_scale, offs = ctx.saved_tensors
         grad_x = grad_w = grad_b = None
         if need_dgrad:
             grad_x = _grouped_gemm(g_q, (w_t_data, w_t_scale, *ctx.blocks[1]), offs, ctx.x_dtype)
