@@ -247,9 +247,11 @@ def test_block_scaled_opcheck_and_errors():
 # ---------------------------------------------------------------- fine-grained weight gradient (grouped along K)
 def quantize_group_columns(t, counts, block_k, mode, fmt="e4m3"):
     """t [R, T] quantized along T in 1 x block_k blocks from each group's first column, group by group (the
-    layout block_scaled_grouped_gemm_wgrad takes): (data [R, T], scale_inv [R, C], [(data_g, scale_inv_g)])."""
+    layout block_scaled_grouped_gemm_wgrad takes): (data [R, T], scale_inv [R, C], [(data_g, scale_inv_g)]).
+    block_k None: rowwise, each group one block as long as the group."""
     from fp8mp.ops import block_quantize
-    parts = [block_quantize(t[:, s:e].contiguous(), 1, block_k, fmt, mode) for s, e in group_ranges(counts)]
+    parts = [block_quantize(t[:, s:e].contiguous(), 1, block_k or max(e - s, 1), fmt, mode)
+             for s, e in group_ranges(counts)]
     return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1), parts
 
 
@@ -265,16 +267,9 @@ def test_block_wgrad_each_group_is_block_scaled_gemm_on_its_columns_and_within_t
     gen = torch.Generator().manual_seed(T)
     dy_t = torch.randn(N, T, generator=gen) * torch.logspace(-3, 3, T).view(1, T)  # tokens of very different ranges
     x_t = torch.randn(K, T, generator=gen)
-    wide = block_k or max(T, 1)  # rowwise: one block per group, as long as the group
-    a, sa, a_parts = quantize_group_columns(dy_t, counts, wide if block_k is None else block_k, mode)
-    b, sb, b_parts = quantize_group_columns(x_t, counts, wide if block_k is None else block_k, mode)
-    if block_k is None:  # rowwise: each group quantized with its own length as the block
-        a_parts = [quantize_group_columns(dy_t[:, s:e], [e - s], max(e - s, 1), mode)[2][0]
-                   for s, e in group_ranges(counts)]
-        b_parts = [quantize_group_columns(x_t[:, s:e], [e - s], max(e - s, 1), mode)[2][0]
-                   for s, e in group_ranges(counts)]
-        a, sa = torch.cat([p[0] for p in a_parts], 1), torch.cat([p[1] for p in a_parts], 1)
-        b, sb = torch.cat([p[0] for p in b_parts], 1), torch.cat([p[1] for p in b_parts], 1)
+    wide = block_k or max(T, 1)  # rowwise: any block_k >= every group's length
+    a, sa, a_parts = quantize_group_columns(dy_t, counts, block_k, mode)
+    b, sb, b_parts = quantize_group_columns(x_t, counts, block_k, mode)
     out = block_scaled_grouped_gemm_wgrad(a, sa, b, sb, offsets(counts), wide, out_dtype)
     assert out.shape == (len(counts), N, K) and out.dtype == out_dtype
     for g, (s, e) in enumerate(group_ranges(counts)):
