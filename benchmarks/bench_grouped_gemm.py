@@ -14,6 +14,12 @@ experts' gate_up projection (x [T*k, H] @ W[e].T, W [E, 2I, H]) and the weight g
 * "bf16 _grouped_mm": torch._grouped_mm on bf16 operands (transformers' grouped_mm experts implementation), for
   the gate_up projection; for the weight gradient the same op in its 2-D x 2-D form (groups along K).
 
+The fine-grained recipes' token quantization (--token-quantization TxExKxH, default 512x64x8x2048, a
+Qwen3-MoE-like shape; "none" skips it) times fp8mp.nn.grouped_linear_function.quantize_tokens, both layouts of
+the [T*k, H] bf16 tokens with the blocks along the tokens kept inside each expert's group, under RowwiseScaling
+(one block_quantize per expert for that layout), BlockScaling and MXFP8Scaling (one call on the per-group
+zero-padded tokens), against one block_quantize_transpose of the same tokens that ignores the groups.
+
 Ratio columns are (time of the peer) / (time of fp8mp): above 1 means fp8mp is faster. The FP8 operands are
 ready-made (no cast timed), as the bf16 peer's are. The model step (--model-step, default on) times one forward
 and backward of a tiny Qwen3-MoE built from a config, prepared by fp8mp.integrations.hf.prepare, against the same
@@ -135,11 +141,32 @@ def model_step_table(device: str) -> str:
                           [[f"{fp8_s * 1e3:.1f}", f"{bf16_s * 1e3:.1f}", f"{bf16_s / fp8_s:.2f}x"]])
 
 
+def token_quantization_table(T: int, E: int, k: int, H: int, device: str) -> str:
+    from fp8mp.nn.grouped_linear_function import quantize_tokens
+    from fp8mp.ops import block_quantize_transpose
+    from fp8mp.recipe import BlockScaling, MXFP8Scaling, RowwiseScaling
+
+    ends = [0] + routed_offsets(T, E, k, "cpu").tolist()
+    sizes = [end - start for start, end in zip(ends, ends[1:])]
+    x = torch.randn(T * k, H, generator=torch.Generator().manual_seed(3)).bfloat16().to(device)
+    recipes = {"rowwise": RowwiseScaling(), "block 1x128": BlockScaling(), "mxfp8 1x32": MXFP8Scaling()}
+    peers = {name: (lambda r=r: quantize_tokens(x, sizes, r, "e4m3")) for name, r in recipes.items()}
+    peers["ungrouped"] = lambda: block_quantize_transpose(x, H, T * k, "e4m3", "pow2")
+    timed = time_peers(peers, device, rounds=3)
+    base = timed["ungrouped"][0]
+    return markdown_table(f"token quantization per group, {T}x{E}x{k}x{H} (TxExKxH), {where(device)}",
+                          ["recipe", "ms", "ungrouped block_quantize_transpose ms", "vs ungrouped"],
+                          [[name, f"{timed[name][0] * 1e3:.2f}", f"{base * 1e3:.2f}", f"{base / timed[name][0]:.2f}x"]
+                           for name in recipes])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if fp8mp.cuda_kernels_available() else "cpu")
     parser.add_argument("--cases", default=None, help="comma-separated TxExKxHxI (default depends on device)")
     parser.add_argument("--no-model-step", action="store_true", help="skip the Qwen3-MoE step")
+    parser.add_argument("--token-quantization", default="512x64x8x2048",
+                        help="TxExKxH of the fine-grained token quantization table, or 'none'")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for every peer (torch.set_num_threads); on a busy host 1 keeps the "
                              "peers' parallel regions from waiting on descheduled threads")
@@ -153,6 +180,8 @@ def main() -> None:
     rows = [row for case in parse_shapes(args.cases or DEFAULT_CASES[args.device]) for row in bench_case(*case, args.device)]
     print(gemm_table(rows, args.device))
     print("ratio = peer time / fp8mp time (> 1: fp8mp faster)")
+    if args.token_quantization != "none":
+        print(token_quantization_table(*parse_shapes(args.token_quantization)[0], args.device))
     if not args.no_model_step:
         print(model_step_table(args.device))
 

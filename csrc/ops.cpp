@@ -90,6 +90,14 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   m.def(
       "block_scaled_grouped_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, "
       "int a_block_rows, int b_block_rows, int block_k, Tensor? bias, ScalarType out_dtype) -> Tensor");
+  // Grouped along K with block scales (the fine-grained recipes' weight gradient): a [N, T] and b [K, T], offs along
+  // T; each group's columns quantized on their own in 1 x block_k blocks from the group's first column, so
+  // a_scale_inv [N, C] and b_scale_inv [K, C] hold group g's ceil(T_g / block_k) chunks after those of the groups
+  // before it (C = their sum); out [G, N, K], out[g] = block_scaled_gemm(a[:, cols of g], its chunks, b[:, cols of
+  // g], its chunks, 1, 1, block_k) bit for bit on CPU (zeros for an empty group).
+  m.def(
+      "block_scaled_grouped_gemm_wgrad(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs, "
+      "int block_k, ScalarType out_dtype) -> Tensor");
   // Fused optimizer steps, csrc/optim/: one read and one write of param, grad and states, in place. States
   // are float32, bfloat16 or float8_e4m3fn with a float32 scale per 128 elements (AdamW's exp_avg_sq then
   // holds sqrt(v)); bfloat16 and FP8 values (param and states) are rounded stochastically with bits hashed

@@ -676,6 +676,43 @@ def fuzz_block_scaled_grouped_gemm(data):
                                 bias[g] if bias is not None else None)
 
 
+@fuzz_target
+def fuzz_block_scaled_grouped_gemm_wgrad(data):
+    draw = data.draw
+    counts, offs = draw(group_offsets(max_rows=40))
+    groups, tokens = len(counts), sum(counts)
+    n, k = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+    block_k = draw(st.sampled_from([8, 32, max(counts)]))
+    fa, fb = draw(st.sampled_from(GEMM_FORMAT_PAIRS))
+    e8m0, out_dtype = draw(st.booleans()), draw(st.sampled_from(HIGH))
+    group_chunks = [-(-c // max(block_k, 1)) for c in counts]
+    chunks = sum(group_chunks)
+
+    def scales(rows):
+        exps = draw(st.lists(st.integers(-12, 6), min_size=rows * chunks, max_size=rows * chunks))
+        s = torch.tensor([2.0**e for e in exps], dtype=torch.float32).reshape(rows, chunks)
+        return s.to(torch.float8_e8m0fnu) if e8m0 else s * draw(st.sampled_from([1.0, 1.5, 0.75]))
+
+    a = draw(laid_out(finite_codes(draw, [n, tokens], fa)))
+    b = draw(laid_out(finite_codes(draw, [k, tokens], fb)))
+    sa, sb = scales(n), scales(k)
+    args = {"a": a, "a_scale_inv": sa, "b": b, "b_scale_inv": sb, "offs": offs, "block_k": max(block_k, 1),
+            "out_dtype": out_dtype}
+    bad = corrupt(draw, args, {"a": [a.float()], "a_scale_inv": [torch.ones(n + 1, chunks), torch.ones(n)],
+                               "b_scale_inv": [sb.double(), torch.ones(k, chunks + 1)],
+                               "b": [finite_codes(draw, [k, tokens + 1], fb)],
+                               "offs": bad_offsets(offs, tokens), "block_k": [0], "out_dtype": [torch.int32]})
+    out = call_for_values(draw, "block_scaled_grouped_gemm_wgrad", args, bad, (groups, n, k))
+    if out is None:
+        return
+    chunk0 = 0
+    for g, (start, end) in enumerate(group_bounds(counts)):
+        cols = slice(chunk0, chunk0 + group_chunks[g])
+        assert_block_gemm_close(out[g], a[:, start:end], sa[:, cols], b[:, start:end], sb[:, cols], 1, 1,
+                                max(block_k, 1), None)
+        chunk0 += group_chunks[g]
+
+
 # ----------------------------------------------------------------------------- optimizer steps
 E4M3_STEP = 2.0**-3  # E4M3's relative spacing (3 mantissa bits): a stochastic rounding moves by less
 E4M3_SUBNORMAL = 2.0**-9  # E4M3's smallest subnormal, in the block's units (448 = the block's amax)
@@ -991,6 +1028,7 @@ TARGETS = {
     "grouped_gemm": (fuzz_grouped_gemm, {"fp8_grouped_gemm"}),
     "grouped_gemm_wgrad": (fuzz_grouped_gemm_wgrad, {"fp8_grouped_gemm_wgrad"}),
     "block_scaled_grouped_gemm": (fuzz_block_scaled_grouped_gemm, {"block_scaled_grouped_gemm"}),
+    "block_scaled_grouped_gemm_wgrad": (fuzz_block_scaled_grouped_gemm_wgrad, {"block_scaled_grouped_gemm_wgrad"}),
     "adamw_step": (fuzz_adamw_step, {"adamw_step"}),
     "lion_step": (fuzz_lion_step, {"lion_step"}),
     "modules": (fuzz_modules, set()),

@@ -53,6 +53,18 @@ void check_m_grouped_shapes(const Tensor& a, const Tensor& b, const Tensor& offs
                     ": argument 'bias' must have shape [G, N] = [", G, ", ", b.size(1), "], got shape ", shape_str(t));
 }
 
+// a [N, T] and b [K, T], offs along T, N and K multiples of 16: the K-grouped GEMMs' shapes.
+void check_k_grouped_shapes(const Tensor& a, const Tensor& b, const Tensor& offs, ScalarType out_dtype, const char* op) {
+  check_offs(offs, a, op);
+  check_high_precision_dtype(out_dtype, op, "out_dtype");
+  FP8MP_CHECK_VALUE(a.dim() == 2, op, ": argument 'a' must be 2-D [N, T], got shape ", shape_str(a));
+  FP8MP_CHECK_VALUE(b.dim() == 2, op, ": argument 'b' must be 2-D [K, T], got shape ", shape_str(b));
+  FP8MP_CHECK_VALUE(b.size(1) == a.size(1), op, ": argument 'b' must be [K, T] with T = a.size(1) = ", a.size(1),
+                    " (out[g] = a[:, group g] @ b[:, group g].T), got shape ", shape_str(b));
+  check_multiple_of_16(a.size(0), op, "a", "N = a.size(0)");
+  check_multiple_of_16(b.size(0), op, "b", "K = b.size(0)");
+}
+
 // A block scale_inv: float32 or float8_e8m0fnu on a's device, of shape `expected`.
 void check_block_scale_tensor(const Tensor& scale_inv, const Tensor& a, const std::vector<int64_t>& expected,
                               const char* what, const char* op, const char* arg) {
@@ -111,15 +123,35 @@ GroupedGemmFormats check_fp8_grouped_gemm_wgrad_args(const Tensor& a, const Tens
   const GroupedGemmFormats formats = check_operands(a, b, op);
   check_scalar_tensor(a_scale_inv, a, op, "a_scale_inv");
   check_scalar_tensor(b_scale_inv, a, op, "b_scale_inv");
-  check_offs(offs, a, op);
-  check_high_precision_dtype(out_dtype, op, "out_dtype");
-  FP8MP_CHECK_VALUE(a.dim() == 2, op, ": argument 'a' must be 2-D [N, T], got shape ", shape_str(a));
-  FP8MP_CHECK_VALUE(b.dim() == 2, op, ": argument 'b' must be 2-D [K, T], got shape ", shape_str(b));
-  FP8MP_CHECK_VALUE(b.size(1) == a.size(1), op, ": argument 'b' must be [K, T] with T = a.size(1) = ", a.size(1),
-                    " (out[g] = a[:, group g] @ b[:, group g].T), got shape ", shape_str(b));
-  check_multiple_of_16(a.size(0), op, "a", "N = a.size(0)");
-  check_multiple_of_16(b.size(0), op, "b", "K = b.size(0)");
+  check_k_grouped_shapes(a, b, offs, out_dtype, op);
   return formats;
+}
+
+BlockWgradShape check_block_scaled_grouped_gemm_wgrad_args(const Tensor& a, const Tensor& a_scale_inv,
+                                                           const Tensor& b, const Tensor& b_scale_inv,
+                                                           const Tensor& offs, int64_t block_k, ScalarType out_dtype) {
+  constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
+  const GroupedGemmFormats formats = check_operands(a, b, op);
+  check_k_grouped_shapes(a, b, offs, out_dtype, op);
+  FP8MP_CHECK_VALUE(block_k >= 1, op, ": argument 'block_k' must be >= 1, got ", block_k);
+  FP8MP_CHECK_VALUE(a_scale_inv.dim() == 2, op, ": argument 'a_scale_inv' must be 2-D [N, C] (the groups' chunks), ",
+                    "got shape ", shape_str(a_scale_inv));
+  const int64_t chunks = a_scale_inv.size(1);
+  check_block_scale_tensor(a_scale_inv, a, {a.size(0), chunks}, "one scale per row and group chunk", op,
+                           "a_scale_inv");
+  check_block_scale_tensor(b_scale_inv, a, {b.size(0), chunks}, "one scale per row and group chunk, as a_scale_inv",
+                           op, "b_scale_inv");
+  return {formats, a.size(0), b.size(0), a.size(1), offs.size(0), chunks};
+}
+
+void check_group_chunks(const int32_t* offs, int64_t groups, int64_t block_k, int64_t chunks, const char* op) {
+  int64_t expected = 0, start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    expected += ceil_div(offs[g] - start, block_k);
+    start = offs[g];
+  }
+  FP8MP_CHECK_VALUE(chunks == expected, op, ": argument 'a_scale_inv' must have C = ", expected,
+                    " columns (the groups' chunks, ceil(T_g / block_k) each, for these offs), got ", chunks);
 }
 
 void check_group_offsets(const int32_t* offs, int64_t groups, int64_t total, const char* total_name, const char* op) {

@@ -35,6 +35,22 @@ GroupedGemmFormats check_block_scaled_grouped_gemm_args(const Tensor& a, const T
                                                         int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
                                                         const std::optional<Tensor>& bias, ScalarType out_dtype);
 
+// block_scaled_grouped_gemm_wgrad: as fp8_grouped_gemm_wgrad's operands, with block scales: block_k >= 1,
+// a_scale_inv [N, C] and b_scale_inv [K, C] (the same C, the groups' chunks; checked against offs by
+// check_group_chunks), each float32 or float8_e8m0fnu, on a's device.
+// Returns the formats and sizes: N = a.size(0), K = b.size(0), T = a.size(1), G = offs.size(0), C.
+struct BlockWgradShape {
+  GroupedGemmFormats formats;
+  int64_t N, K, T, G, C;
+};
+BlockWgradShape check_block_scaled_grouped_gemm_wgrad_args(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                                                           const Tensor& b_scale_inv, const Tensor& offs,
+                                                           int64_t block_k, ScalarType out_dtype);
+
+// The scale columns of block_scaled_grouped_gemm_wgrad: `chunks` == sum over the groups of ceil(T_g / block_k)
+// (offs on the host, already checked). ValueError naming 'a_scale_inv' otherwise.
+void check_group_chunks(const int32_t* offs, int64_t groups, int64_t block_k, int64_t chunks, const char* op);
+
 // The values of offs (host memory, `groups` of them): non-decreasing, >= 0, the last equal to `total` (the rows of
 // a for fp8_grouped_gemm, its columns for the wgrad). ValueError naming 'offs' otherwise.
 void check_group_offsets(const int32_t* offs, int64_t groups, int64_t total, const char* total_name, const char* op);

@@ -1,4 +1,4 @@
-// CPU glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad and block_scaled_grouped_gemm (stable ABI): argument
+// CPU glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad, block_scaled_grouped_gemm and its wgrad (stable ABI): argument
 // checks (offs read on the host), allocation and registration around grouped_gemm_cpu_kernels.cpp, with the fp32
 // GEMM fp8_gemm's fp32 path runs on (torch_fp32_matmul.h).
 #include <optional>
@@ -86,12 +86,30 @@ Tensor block_scaled_grouped_gemm_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Ten
   return out;
 }
 
+Tensor block_scaled_grouped_gemm_wgrad_cpu(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+                                           int64_t block_k, ScalarType out_dtype) {
+  constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
+  const BlockWgradShape s =
+      check_block_scaled_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype);
+  const Tensor offs_c = checked_offsets(offs, s.T, "a.size(1)", op);
+  const int32_t* offs_p = static_cast<const int32_t*>(offs_c.const_data_ptr());
+  check_group_chunks(offs_p, s.G, block_k, s.C, op);
+  Tensor out = empty_on({s.G, s.N, s.K}, out_dtype, a);
+  const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
+  const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
+  cpu::block_scaled_grouped_gemm_wgrad(block_operand(ac, s.formats.a, sa, 1), block_operand(bc, s.formats.b, sb, 1),
+                                       offs_p, s.G, s.N, s.K, s.T, s.C, block_k, out.mutable_data_ptr(),
+                                       hp_type(out_dtype), fp32_gemm_nt, stable_parallel_for);
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CPU, m) {
   m.impl("fp8_grouped_gemm", TORCH_BOX(&fp8_grouped_gemm_cpu));
   m.impl("fp8_grouped_gemm_wgrad", TORCH_BOX(&fp8_grouped_gemm_wgrad_cpu));
   m.impl("block_scaled_grouped_gemm", TORCH_BOX(&block_scaled_grouped_gemm_cpu));
+  m.impl("block_scaled_grouped_gemm_wgrad", TORCH_BOX(&block_scaled_grouped_gemm_wgrad_cpu));
 }
 
 }  // namespace fp8mp

@@ -90,4 +90,44 @@ void block_scaled_grouped_gemm(const BlockOperand& a, const BlockOperand& b, con
   }
 }
 
+void block_scaled_grouped_gemm_wgrad(const BlockOperand& a, const BlockOperand& b, const int32_t* offs,
+                                     int64_t groups, int64_t N, int64_t K, int64_t T, int64_t chunks, int64_t block_k,
+                                     void* out, HpType out_type, const BatchedMatmulNtFp32& matmul,
+                                     ParallelFor parallel_for) {
+  const int64_t scale_bytes_a = a.scale_type == BlockScaleType::Fp32 ? 4 : 1;
+  const int64_t scale_bytes_b = b.scale_type == BlockScaleType::Fp32 ? 4 : 1;
+  int64_t widest = 0, start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    widest = std::max<int64_t>(widest, offs[g] - start);
+    start = offs[g];
+  }
+  const int64_t widest_chunks = (widest + block_k - 1) / block_k;
+  // One group's columns of a and b and of their scales, contiguous, reused by every group.
+  const std::unique_ptr<uint8_t[]> a_group(new uint8_t[size_t(std::max<int64_t>(N * widest, 1))]);
+  const std::unique_ptr<uint8_t[]> b_group(new uint8_t[size_t(std::max<int64_t>(K * widest, 1))]);
+  const std::unique_ptr<uint8_t[]> a_scales(new uint8_t[size_t(std::max<int64_t>(N * widest_chunks * 4, 1))]);
+  const std::unique_ptr<uint8_t[]> b_scales(new uint8_t[size_t(std::max<int64_t>(K * widest_chunks * 4, 1))]);
+  const size_t out_group_bytes = size_t(N * K) * element_size(out_type);
+  const auto* a_scale_bytes = static_cast<const uint8_t*>(a.scale_inv);
+  const auto* b_scale_bytes = static_cast<const uint8_t*>(b.scale_inv);
+  int64_t chunk0 = 0;
+  start = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t cols = offs[g] - start, group_chunks = (cols + block_k - 1) / block_k;
+    copy_columns(a.data, T, start, N, cols, a_group.get(), parallel_for);
+    copy_columns(b.data, T, start, K, cols, b_group.get(), parallel_for);
+    copy_columns(a_scale_bytes, chunks * scale_bytes_a, chunk0 * scale_bytes_a, N, group_chunks * scale_bytes_a,
+                 a_scales.get(), parallel_for);
+    copy_columns(b_scale_bytes, chunks * scale_bytes_b, chunk0 * scale_bytes_b, K, group_chunks * scale_bytes_b,
+                 b_scales.get(), parallel_for);
+    const BlockOperand a_g{a_group.get(), a.format, a_scales.get(), a.scale_type, 1};
+    const BlockOperand b_g{b_group.get(), b.format, b_scales.get(), b.scale_type, 1};
+    // An empty group is block_scaled_gemm's K == 0 case: zeros.
+    block_scaled_gemm(a_g, b_g, N, K, cols, block_k, nullptr, static_cast<uint8_t*>(out) + g * out_group_bytes,
+                      out_type, matmul, parallel_for);
+    chunk0 += group_chunks;
+    start = offs[g];
+  }
+}
+
 }  // namespace fp8mp::cpu

@@ -38,4 +38,14 @@ void block_scaled_grouped_gemm(const BlockOperand& a, const BlockOperand& b, con
                                int64_t N, int64_t K, int64_t block_k, const void* bias, void* out, HpType out_type,
                                const BatchedMatmulNtFp32& matmul, ParallelFor parallel_for);
 
+// Grouped along K with block scales (the weight gradient under the fine-grained recipes). a [N, T] and b [K, T]
+// row-major FP8 codes, columns sorted by group as in fp8_grouped_gemm_wgrad; their scale_inv [N, C] / [K, C]
+// (a.block_rows = b.block_rows = 1) hold group g's ceil(T_g / block_k) chunks after the earlier groups' (offs
+// checked, check_group_chunks). out[g] = block_scaled_gemm(a[:, group g], b[:, group g], their chunks, block_k),
+// bit for bit: each group's columns and scale columns copied to contiguous operands first; zeros for an empty group.
+void block_scaled_grouped_gemm_wgrad(const BlockOperand& a, const BlockOperand& b, const int32_t* offs,
+                                     int64_t groups, int64_t N, int64_t K, int64_t T, int64_t chunks, int64_t block_k,
+                                     void* out, HpType out_type, const BatchedMatmulNtFp32& matmul,
+                                     ParallelFor parallel_for);
+
 }  // namespace fp8mp::cpu

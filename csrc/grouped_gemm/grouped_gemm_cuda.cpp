@@ -1,4 +1,4 @@
-// CUDA glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad and block_scaled_grouped_gemm (stable ABI): argument
+// CUDA glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad, block_scaled_grouped_gemm and its wgrad (stable ABI): argument
 // checks (offs read back to the host and checked there), device guard, output and scratch allocations on the
 // current stream, registration.
 #include <optional>
@@ -108,12 +108,48 @@ Tensor block_scaled_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Te
   return out;
 }
 
+Tensor block_scaled_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+                                            int64_t block_k, ScalarType out_dtype) {
+  constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
+  const BlockWgradShape s =
+      check_block_scaled_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype);
+  // Every group's reduction is at most T long: the recipe of block_k over K = T is each group's.
+  const cuda::BlockGemmPlanChoice choice = cuda::block_gemm_recipe(
+      s.T, 1, 1, block_k, a_scale_inv.scalar_type() != kFloat, b_scale_inv.scalar_type() != kFloat);
+  FP8MP_CHECK(choice.why_not.empty(), choice.why_not);
+  const auto guard = guard_device_of(a);
+  const cudaStream_t stream = current_cuda_stream(a);
+  const std::vector<int32_t> host_offs = checked_host_offsets(offs, s.T, "a.size(1)", op, stream);
+  check_group_chunks(host_offs.data(), s.G, block_k, s.C, op);
+  const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
+  const Tensor sa = as_contiguous(a_scale_inv), sb = as_contiguous(b_scale_inv);
+  Tensor out = empty_on({s.G, s.N, s.K}, out_dtype, a);
+  const cuda::BlockScaledGroupedGemmWgradArgs args{
+      choice.recipe,
+      cuda::BlockGemmOperand{codes(ac), s.formats.a, sa.const_data_ptr(), s.N, 1, choice.a_layout},
+      cuda::BlockGemmOperand{codes(bc), s.formats.b, sb.const_data_ptr(), s.K, 1, choice.b_layout},
+      host_offs.data(),
+      s.G,
+      s.N,
+      s.K,
+      s.T,
+      s.C,
+      block_k,
+      out.mutable_data_ptr(),
+      hp_type(out_dtype)};
+  Tensor scratch = empty_on({int64_t(cuda::block_scaled_grouped_gemm_wgrad_scratch_bytes(args))}, kByte, a);
+  cuda::block_scaled_grouped_gemm_wgrad(cuda::blaslt_handle_for_current_device(), args, scratch.mutable_data_ptr(),
+                                        stream);
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
   m.impl("fp8_grouped_gemm", TORCH_BOX(&fp8_grouped_gemm_cuda));
   m.impl("fp8_grouped_gemm_wgrad", TORCH_BOX(&fp8_grouped_gemm_wgrad_cuda));
   m.impl("block_scaled_grouped_gemm", TORCH_BOX(&block_scaled_grouped_gemm_cuda));
+  m.impl("block_scaled_grouped_gemm_wgrad", TORCH_BOX(&block_scaled_grouped_gemm_wgrad_cuda));
 }
 
 }  // namespace fp8mp

@@ -83,6 +83,42 @@ BlockGemmArgs block_group_args(const BlockScaledGroupedGemmArgs& g, int64_t grou
                        static_cast<uint8_t*>(g.out) + start * out_row_bytes, g.out_type};
 }
 
+size_t block_scale_bytes(BlockGemmRecipe recipe) { return recipe == BlockGemmRecipe::Mxfp8 ? 1 : 4; }
+
+// Group g's block_scaled_gemm (K-grouped, `cols` columns) on the packed copies of its columns and scale columns.
+BlockGemmArgs block_wgrad_group_args(const BlockScaledGroupedGemmWgradArgs& g, int64_t group, int64_t cols,
+                                     const uint8_t* a_group, const void* a_scales, const uint8_t* b_group,
+                                     const void* b_scales) {
+  BlockGemmOperand a = g.a, b = g.b;
+  a.data = a_group;
+  a.scale_inv = a_scales;
+  b.data = b_group;
+  b.scale_inv = b_scales;
+  return BlockGemmArgs{g.recipe, a, b, cols, g.block_k, nullptr,
+                       static_cast<uint8_t*>(g.out) + size_t(group * g.N * g.K) * element_size(g.out_type),
+                       g.out_type};
+}
+
+// Layout of the wgrad scratch: [a_group | b_group | a_scales | b_scales | block_scaled_gemm's scratch].
+struct BlockWgradScratch {
+  uint8_t *a_group, *b_group, *a_scales, *b_scales;
+  void* gemm;
+  size_t bytes;
+};
+
+BlockWgradScratch block_wgrad_scratch(const BlockScaledGroupedGemmWgradArgs& args, void* base) {
+  const int64_t widest = widest_group(args.offs, args.groups);
+  const size_t widest_chunk_bytes = size_t((widest + args.block_k - 1) / args.block_k) * block_scale_bytes(args.recipe);
+  const size_t sizes[4] = {round_up_256(size_t(args.N * widest)), round_up_256(size_t(args.K * widest)),
+                           round_up_256(size_t(args.N) * widest_chunk_bytes),
+                           round_up_256(size_t(args.K) * widest_chunk_bytes)};
+  uint8_t* p = static_cast<uint8_t*>(base);
+  BlockWgradScratch s{p, p + sizes[0], p + sizes[0] + sizes[1], p + sizes[0] + sizes[1] + sizes[2], nullptr, 0};
+  s.bytes = sizes[0] + sizes[1] + sizes[2] + sizes[3];
+  s.gemm = p == nullptr ? nullptr : p + s.bytes;
+  return s;
+}
+
 }  // namespace
 
 std::vector<int32_t> read_group_offsets(const int32_t* offs, int64_t groups, cudaStream_t stream) {
@@ -161,6 +197,51 @@ void block_scaled_grouped_gemm(cublasLtHandle_t handle, const BlockScaledGrouped
   int64_t start = 0;
   for (int64_t g = 0; g < args.groups; ++g) {
     if (args.offs[g] > start) block_scaled_gemm(handle, block_group_args(args, g, start, args.offs[g]), scratch, stream);
+    start = args.offs[g];
+  }
+}
+
+size_t block_scaled_grouped_gemm_wgrad_scratch_bytes(const BlockScaledGroupedGemmWgradArgs& args) {
+  size_t gemm_bytes = 0;
+  int64_t start = 0;
+  for (int64_t g = 0; g < args.groups; ++g) {
+    const int64_t cols = args.offs[g] - start;
+    if (cols > 0) {
+      gemm_bytes = std::max(gemm_bytes, block_scaled_gemm_scratch_bytes(
+                                            block_wgrad_group_args(args, g, cols, nullptr, nullptr, nullptr, nullptr)));
+    }
+    start = args.offs[g];
+  }
+  return block_wgrad_scratch(args, nullptr).bytes + gemm_bytes;
+}
+
+void block_scaled_grouped_gemm_wgrad(cublasLtHandle_t handle, const BlockScaledGroupedGemmWgradArgs& args,
+                                     void* scratch, cudaStream_t stream) {
+  const BlockWgradScratch s = block_wgrad_scratch(args, scratch);
+  const size_t scale_bytes = block_scale_bytes(args.recipe);
+  const size_t out_group_bytes = size_t(args.N * args.K) * element_size(args.out_type);
+  int64_t start = 0, chunk0 = 0;
+  for (int64_t g = 0; g < args.groups; ++g) {
+    const int64_t cols = args.offs[g] - start, group_chunks = (cols + args.block_k - 1) / args.block_k;
+    if (cols == 0) {  // an empty sum: zeros (all-zero bytes in every output dtype)
+      FP8MP_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(args.out) + g * out_group_bytes, 0, out_group_bytes,
+                                       stream));
+    } else {
+      const size_t chunk_bytes = size_t(group_chunks) * scale_bytes, row_chunk_bytes = size_t(args.chunks) * scale_bytes;
+      const auto* a_scale_src = static_cast<const uint8_t*>(args.a.scale_inv) + size_t(chunk0) * scale_bytes;
+      const auto* b_scale_src = static_cast<const uint8_t*>(args.b.scale_inv) + size_t(chunk0) * scale_bytes;
+      FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(s.a_group, size_t(cols), args.a.data + start, size_t(args.T), size_t(cols),
+                                         size_t(args.N), cudaMemcpyDeviceToDevice, stream));
+      FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(s.b_group, size_t(cols), args.b.data + start, size_t(args.T), size_t(cols),
+                                         size_t(args.K), cudaMemcpyDeviceToDevice, stream));
+      FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(s.a_scales, chunk_bytes, a_scale_src, row_chunk_bytes, chunk_bytes,
+                                         size_t(args.N), cudaMemcpyDeviceToDevice, stream));
+      FP8MP_CUDA_CHECK(cudaMemcpy2DAsync(s.b_scales, chunk_bytes, b_scale_src, row_chunk_bytes, chunk_bytes,
+                                         size_t(args.K), cudaMemcpyDeviceToDevice, stream));
+      block_scaled_gemm(handle, block_wgrad_group_args(args, g, cols, s.a_group, s.a_scales, s.b_group, s.b_scales),
+                        s.gemm, stream);
+    }
+    chunk0 += group_chunks;
     start = args.offs[g];
   }
 }

@@ -76,4 +76,20 @@ size_t block_scaled_grouped_gemm_scratch_bytes(const BlockScaledGroupedGemmArgs&
 void block_scaled_grouped_gemm(cublasLtHandle_t handle, const BlockScaledGroupedGemmArgs& args, void* scratch,
                                cudaStream_t stream);
 
+// Grouped along K with block scales, as the CPU's block_scaled_grouped_gemm_wgrad: `a` the whole a [N, T] with its
+// scale_inv [N, chunks], `b` the whole b [K, T] with [K, chunks] (rows N and K, block_rows 1), group g's columns and
+// scale columns copied to contiguous scratch (cudaMemcpy2DAsync) for one block_scaled_gemm; zeros for an empty group.
+struct BlockScaledGroupedGemmWgradArgs {
+  BlockGemmRecipe recipe;
+  BlockGemmOperand a, b;
+  const int32_t* offs;  // host
+  int64_t groups, N, K, T, chunks, block_k;
+  void* out;  // [groups, N, K]
+  HpType out_type;
+};
+
+size_t block_scaled_grouped_gemm_wgrad_scratch_bytes(const BlockScaledGroupedGemmWgradArgs& args);
+void block_scaled_grouped_gemm_wgrad(cublasLtHandle_t handle, const BlockScaledGroupedGemmWgradArgs& args,
+                                     void* scratch, cudaStream_t stream);
+
 }  // namespace fp8mp::cuda

@@ -29,20 +29,21 @@ from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose, block_
 from fp8mp.scaling.recipe import BlockRecipe
 
 
-def _block_k(recipe: BlockRecipe, k: int) -> int:
+def block_k_of(recipe: BlockRecipe, k: int) -> int:
+    """The blocks' length along a GEMM's reduction axis of length k: the recipe's, or all of k for rowwise."""
     return max(k, 1) if recipe.block_k is None else recipe.block_k
 
 
 def _quantize(t: torch.Tensor, block_rows: int, recipe: BlockRecipe, fmt: str):
     """(data, scale_inv, block_rows, block_k) of a 2-D t quantized along its last axis."""
-    block_k = _block_k(recipe, t.shape[1])
+    block_k = block_k_of(recipe, t.shape[1])
     data, scale_inv = block_quantize(t, block_rows, block_k, fmt, recipe.quantize_mode)
     return data, scale_inv, block_rows, block_k
 
 
 def both_blocks(recipe: BlockRecipe, rows: int, cols: int) -> tuple[int, int]:
     """(row_block, col_block) of `_quantize_both` for a [rows, cols] tensor."""
-    return _block_k(recipe, cols), _block_k(recipe, rows)
+    return block_k_of(recipe, cols), block_k_of(recipe, rows)
 
 
 def _quantize_both(t: torch.Tensor, recipe: BlockRecipe, fmt: str):
@@ -79,8 +80,8 @@ def quantize_weight(weight: torch.Tensor, recipe: BlockRecipe, fmt: str):
 def stored_weight_operands(recipe: BlockRecipe, w_data, w_scale_inv, w_t_data=None, w_t_scale_inv=None):
     """The (w_q, w_t_q) of `quantize_weight` from its stored tensors (the block sizes follow from the recipe)."""
     n, k = w_data.shape
-    w_q = (w_data, w_scale_inv, recipe.weight_block_rows, _block_k(recipe, k))
-    return w_q, None if w_t_data is None else (w_t_data, w_t_scale_inv, 1, _block_k(recipe, n))
+    w_q = (w_data, w_scale_inv, recipe.weight_block_rows, block_k_of(recipe, k))
+    return w_q, None if w_t_data is None else (w_t_data, w_t_scale_inv, 1, block_k_of(recipe, n))
 
 
 class BlockLinearFunction(torch.autograd.Function):

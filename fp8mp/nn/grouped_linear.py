@@ -15,14 +15,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from fp8mp.nn.fp8_linear_function import linear_options
 from fp8mp.nn.fp8_module import Fp8Module
-from fp8mp.nn.grouped_linear_function import Fp8GroupedLinearFunction
-from fp8mp.nn.output_dtype import output_dtype
+from fp8mp.nn.grouped_linear_function import meta_grouped_linear
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.config_checks import check_int
-from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["GroupedLinear"]
 
@@ -46,8 +43,12 @@ class GroupedLinear(Fp8Module):
     of fp8mp.ops.fp8_grouped_gemm / fp8_grouped_gemm_wgrad (E4M3 forward, the recipe's backward format for the
     gradient), the tokens and the output gradient scaled through this module's Fp8Meta (INPUT and GRAD columns,
     as fp8mp.nn.Linear's), each expert's weight by a current scale of its own (the WEIGHT column holds the
-    largest expert amax). The fine-grained recipes are refused with an error naming them. in_features and
-    out_features must be multiples of 16 in FP8. `fp8_recipe` and `fp8_fallback` work as on fp8mp.nn.Linear.
+    largest expert amax). Under the fine-grained recipes (RowwiseScaling, BlockScaling, MXFP8Scaling) each group is
+    computed as fp8mp.nn.Linear computes it on that group alone, bit for bit on CPU, forward and backward (the
+    block GEMMs of fp8mp.ops.block_scaled_grouped_gemm and block_scaled_grouped_gemm_wgrad, blocks that never span
+    two groups; see fp8mp.nn.grouped_linear_function), nothing read from or written to the Fp8Meta, as on Linear.
+    in_features and out_features must be multiples of 16 in FP8. `fp8_recipe` and `fp8_fallback` work as on
+    fp8mp.nn.Linear.
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True, *, device=None,
@@ -131,19 +132,8 @@ class GroupedLinear(Fp8Module):
         return self._per_group_linear(x2d, sizes, self.weight.to(x2d.dtype), bias)
 
     def _fp8_forward(self, x2d: torch.Tensor, sizes: list[int], ran_before: bool) -> torch.Tensor:
-        meta = self.fp8_meta
-        recipe = meta.recipe
-        if isinstance(recipe, BlockRecipe):
-            raise NotImplementedError(f"{_NAME} computes in FP8 under the per-tensor recipes (DelayedScaling, "
-                                      f"CurrentScaling), not under {type(recipe).__name__}: run it under one of "
-                                      "those (its fp8_recipe attribute sets one for this module alone)")
         offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(device=x2d.device, dtype=torch.int32)
-        grad_scale_fn = meta.prepare_forward_scales(x2d, None, autocast_state.get_fp8_group(), ran_before)
-        options = linear_options(meta, grad_scale_fn, output_dtype(x2d))
-        out = Fp8GroupedLinearFunction.apply(x2d, self.weight, self.bias, offs, False, meta.forward_buffers(),
-                                             options, recipe.margin)
-        meta.mark_initialized()
-        return out
+        return meta_grouped_linear(self.fp8_meta, x2d, self.weight, self.bias, offs, sizes, False, ran_before)
 
     # ----------------------------------------------------------------------------- Fp8Module's hooks
     def check_input(self, input: torch.Tensor) -> None:

@@ -26,12 +26,18 @@ import torch
 
 import contextlib
 
-from fp8mp.nn.fp8_linear_function import Fp8LinearOptions
+from fp8mp.nn.block_linear_function import block_k_of
+from fp8mp.nn.fp8_linear_function import Fp8LinearOptions, linear_options
+from fp8mp.nn.output_dtype import output_dtype
+from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose
 from fp8mp.ops.cast import cast_to_fp8_transpose
-from fp8mp.ops.format import fp8_max_of
-from fp8mp.ops.grouped_gemm import fp8_grouped_gemm, fp8_grouped_gemm_wgrad
+from fp8mp.ops.format import FP8_DTYPES, fp8_max_of
+from fp8mp.ops.grouped_gemm import (block_scaled_grouped_gemm, block_scaled_grouped_gemm_wgrad, fp8_grouped_gemm,
+                                    fp8_grouped_gemm_wgrad)
 from fp8mp.ops.scale_update import compute_scale
-from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, columns_of, fold_amax_
+from fp8mp.scaling import autocast as autocast_state
+from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, columns_of, fold_amax_
+from fp8mp.scaling.recipe import BlockRecipe
 
 FORWARD_FORMAT, BACKWARD_FORMAT = "e4m3", "e5m2"
 _FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -77,6 +83,12 @@ def group_sums(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return torch.segment_reduce(t.float(), "sum", lengths=lengths, axis=0, initial=0)
 
 
+def _save_dtypes(ctx, x, weight, bias) -> None:
+    """The dtypes of the gradients backward returns: x's, weight's and bias's (None without a bias)."""
+    ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
 class Fp8GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, offs, weight_in_out=False, meta_buffers=None,
@@ -113,8 +125,7 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x_fp8_t, x_scale_inv, w_fp8, w_scale_inv, offs)
         ctx.weight_in_out = weight_in_out
         ctx.meta_buffers, ctx.options, ctx.formats, ctx.fast_accum = meta_buffers, options, formats, fast_accum
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        _save_dtypes(ctx, x, weight, bias)
         return out
 
     @staticmethod
@@ -164,3 +175,154 @@ def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor
     if weight.dim() != 3:
         raise ValueError(f"fp8_grouped_linear: argument 'weight' must be 3-D [E, N, K], got shape {tuple(weight.shape)}")
     return Fp8GroupedLinearFunction.apply(x, weight, bias, offs, weight_in_out)
+
+
+# ----------------------------------------------------------------------------- the fine-grained recipes
+#
+# Under RowwiseScaling, BlockScaling and MXFP8Scaling each group is computed exactly as fp8mp.nn.Linear's block
+# path (block_linear_function) computes it on that group alone. Blocks along K or N (fprop's x and W, dgrad's dy and
+# W.T) lie within one token row or one expert, so the whole x and dy are quantized by one call and the experts'
+# weights by one call. The blocks along the tokens (wgrad's x.T and dy.T) must not straddle two groups: under
+# BlockScaling (1 x 128) and MXFP8 (1 x 32) every group is zero-padded to a multiple of the block, so one
+# block_quantize_transpose of the padded tokens gives each group its own blocks (a partial block's scale and
+# codes are those of its elements alone: an edge tile is scaled as if zero-padded), and the padding columns are
+# dropped again; under RowwiseScaling the block is the whole group, and each group's columns are quantized by a
+# call of their own (one block_quantize per non-empty group).
+
+
+def _token_layout(sizes: list[int], block: int, device) -> tuple[torch.Tensor | None, int]:
+    """(rows of the real tokens in the per-group zero-padded layout, its row count), each group padded to a
+    multiple of `block`; (None, T) where no group needs padding."""
+    padded = [-(-size // block) * block for size in sizes]
+    if padded == sizes:
+        return None, sum(sizes)
+    starts = torch.tensor([0, *padded[:-1]], dtype=torch.int64).cumsum(0)
+    rows = torch.cat([torch.arange(size, dtype=torch.int64) + start for size, start in zip(sizes, starts.tolist())])
+    return rows.to(device), sum(padded)
+
+
+def quantize_tokens(t: torch.Tensor, sizes: list[int], recipe: BlockRecipe, fmt: str, need_rows: bool = True,
+                    need_columns: bool = True):
+    """(rows, columns, t_block) of a [T, C] token tensor whose rows are sorted in groups of `sizes`:
+
+    rows: (data [T, C], scale_inv [T, ceil(C / c_block)], c_block), t along C in 1 x c_block tiles (fprop's x,
+        dgrad's dy); columns: (data_t [C, T], scale_inv_t [C, chunks], t_block), t.T along the tokens in
+        1 x t_block tiles from each group's first token (wgrad's x.T and dy.T), block_scaled_grouped_gemm_wgrad's
+        layout; t_block the wgrad's block_k (rowwise: max(T, 1), one chunk per non-empty group). Either is None
+        where not needed.
+    """
+    tokens, cols = t.shape
+    c_block = block_k_of(recipe, cols)
+    rows = columns = None
+    if recipe.block_k is None:  # rowwise: one block per group along the tokens
+        if need_rows:
+            rows = (*block_quantize(t, 1, c_block, fmt, recipe.quantize_mode), c_block)
+        if need_columns:
+            parts = [block_quantize(part.t(), 1, part.shape[0], fmt, recipe.quantize_mode)
+                     for part in torch.split(t, sizes) if part.shape[0]]
+            data_t = torch.cat([p[0] for p in parts], 1) if parts else t.new_empty((cols, 0), dtype=FP8_DTYPES[fmt])
+            scale_t = torch.cat([p[1] for p in parts], 1) if parts else t.new_empty((cols, 0), dtype=torch.float32)
+            columns = (data_t, scale_t, max(tokens, 1))
+        return rows, columns
+    t_block = recipe.block_k
+    if not need_columns:
+        return (*block_quantize(t, 1, c_block, fmt, recipe.quantize_mode), c_block), None
+    real_rows, padded_tokens = _token_layout(sizes, t_block, t.device)
+    padded = t if real_rows is None else t.new_zeros((padded_tokens, cols)).index_copy_(0, real_rows, t)
+    data, scale_inv, data_t, scale_inv_t = block_quantize_transpose(padded, c_block, t_block, fmt,
+                                                                    recipe.quantize_mode)
+    if real_rows is not None:
+        data, scale_inv, data_t = data[real_rows], scale_inv[real_rows], data_t[:, real_rows]
+    return ((data, scale_inv, c_block) if need_rows else None), (data_t, scale_inv_t, t_block)
+
+
+def quantize_experts(w_nk: torch.Tensor, recipe: BlockRecipe, fmt: str):
+    """(w, w_t) of the experts' weights w_nk [E, N, K] (any strides): each expert as quantize_weight quantizes it.
+
+    w: (data [E, N, K], scale_inv [E, ceil(N / rows), ceil(K / k_block)], rows, k_block), fprop's operand;
+    w_t: the same for W.T [E, K, N] along N, dgrad's operand (square blocks: w's bytes and scales transposed
+    per expert, exact)."""
+    experts, n, k = w_nk.shape
+    block_rows, k_block = recipe.weight_block_rows, block_k_of(recipe, k)
+    padded_n = -(-n // block_rows) * block_rows  # expert matrices padded to whole row blocks
+    w = w_nk if padded_n == n else torch.nn.functional.pad(w_nk, (0, 0, 0, padded_n - n))
+    data, scale_inv = block_quantize(w.reshape(experts * padded_n, k), block_rows, k_block, fmt,
+                                     recipe.quantize_mode)
+    data = data.view(experts, padded_n, k)[:, :n].contiguous() if padded_n != n else data.view(experts, n, k)
+    w_q = (data, scale_inv.view(experts, padded_n // block_rows, -1), block_rows, k_block)
+    if block_rows == recipe.block_k:  # square
+        return w_q, (transpose_experts(data), w_q[1].transpose(1, 2).contiguous(), block_rows, k_block)
+    n_block = block_k_of(recipe, n)
+    data_t, scale_inv_t = block_quantize(w_nk.transpose(1, 2).reshape(experts * k, n), 1, n_block, fmt,
+                                         recipe.quantize_mode)
+    return w_q, (data_t.view(experts, k, n), scale_inv_t.view(experts, k, -1), 1, n_block)
+
+
+def _grouped_gemm(a, b, offs, out_dtype, bias=None):
+    """block_scaled_grouped_gemm of quantize_tokens' rows and a quantize_experts result (the same block_k)."""
+    (a_data, a_scale, _), (b_data, b_scale, b_rows, block_k) = a, b
+    return block_scaled_grouped_gemm(a_data, a_scale, b_data, b_scale, offs, b_rows, block_k, bias, out_dtype)
+
+
+class BlockGroupedLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, offs, sizes, recipe, formats, weight_in_out=False, out_dtype=None):
+        """x [T, K] rows sorted by expert in groups of `sizes` (host ints; `offs` [E] int32 their cumulative ends
+        on x's device); weight [E, N, K] ([E, K, N] with weight_in_out); bias [E, N] or None; formats (forward,
+        backward) op format strings. Returns [T, N] of out_dtype (None: x's)."""
+        out_dtype = x.dtype if out_dtype is None else out_dtype
+        w_nk = weight.transpose(1, 2) if weight_in_out else weight
+        x_q, x_t_q = quantize_tokens(x, sizes, recipe, formats[0])
+        w_q, w_t_q = quantize_experts(w_nk, recipe, formats[0])
+        out = _grouped_gemm(x_q, w_q, offs, out_dtype, bias.to(out_dtype) if bias is not None else None)
+        ctx.save_for_backward(x_t_q[0], x_t_q[1], w_t_q[0], w_t_q[1], offs)
+        ctx.blocks = (x_t_q[2], w_t_q[2:])
+        ctx.sizes, ctx.recipe, ctx.backward_format, ctx.weight_in_out = sizes, recipe, formats[1], weight_in_out
+        _save_dtypes(ctx, x, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        g_q, g_t_q = quantize_tokens(grad_out.contiguous(), ctx.sizes, ctx.recipe, ctx.backward_format, need_dgrad,
+                                     need_wgrad)
+        x_t_data, x_t_scale, w_t_data, w_t_scale, offs = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if need_dgrad:
+            grad_x = _grouped_gemm(g_q, (w_t_data, w_t_scale, *ctx.blocks[1]), offs, ctx.x_dtype)
+        if need_wgrad:  # dW [E, N, K] = dy.T @ x per expert; gpt-oss's [E, K, N] is its per-expert transpose
+            grad_w = block_scaled_grouped_gemm_wgrad(g_t_q[0], g_t_q[1], x_t_data, x_t_scale, offs, ctx.blocks[0],
+                                                     ctx.w_dtype)
+            if ctx.weight_in_out:
+                grad_w = grad_w.transpose(1, 2)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = group_sums(grad_out, offs).to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def group_sizes_of(offs: torch.Tensor) -> list[int]:
+    """The groups' row counts from their cumulative ends `offs` (read on the host)."""
+    ends = offs.tolist()
+    return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def meta_grouped_linear(meta: Fp8Meta, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        offs: torch.Tensor, sizes: list[int] | None, weight_in_out: bool, ran_before: bool):
+    """The FP8 grouped linear of an FP8 module (fp8mp.nn.GroupedLinear, the transformers experts' projections)
+    under its meta's recipe, inside that module's run_fp8: the per-tensor recipes through Fp8GroupedLinearFunction
+    with the meta's scales (its casts recording amaxes and non-finite values there), the fine-grained ones through
+    BlockGroupedLinearFunction (nothing read from or written to the meta, as fp8mp.nn.Linear's block path).
+    sizes: the groups' row counts, or None to read them from offs (the fine-grained recipes need them on the host).
+    """
+    recipe = meta.recipe
+    if isinstance(recipe, BlockRecipe):
+        formats = (meta.format_of(INPUT), meta.format_of(GRAD))
+        sizes = group_sizes_of(offs) if sizes is None else sizes
+        return BlockGroupedLinearFunction.apply(x2d, weight, bias, offs, sizes, recipe, formats, weight_in_out,
+                                                output_dtype(x2d))
+    grad_scale_fn = meta.prepare_forward_scales(x2d, None, autocast_state.get_fp8_group(), ran_before)
+    options = linear_options(meta, grad_scale_fn, output_dtype(x2d))
+    out = Fp8GroupedLinearFunction.apply(x2d, weight, bias, offs, weight_in_out, meta.forward_buffers(), options,
+                                         recipe.margin)
+    meta.mark_initialized()
+    return out

@@ -30,11 +30,12 @@ from fp8mp.ops.blockwise import cuda_block_gemm_unsupported
 from fp8mp.ops.checks import _require, sizes
 from fp8mp.ops.errors import raising_value_errors
 
-__all__ = ["fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "block_scaled_grouped_gemm"]
+__all__ = ["fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "block_scaled_grouped_gemm", "block_scaled_grouped_gemm_wgrad"]
 
 _OP = "fp8mp::fp8_grouped_gemm"
 _WGRAD_OP = "fp8mp::fp8_grouped_gemm_wgrad"
 _BLOCK_OP = "fp8mp::block_scaled_grouped_gemm"
+_BLOCK_WGRAD_OP = "fp8mp::block_scaled_grouped_gemm_wgrad"
 
 
 def _check_operands(a, b, offs, out_dtype, op: str) -> None:
@@ -131,6 +132,11 @@ def check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_
     _check_operands(a, b, offs, out_dtype, op)
     checks.check_scalar_tensor(a_scale_inv, a, op, "a_scale_inv")
     checks.check_scalar_tensor(b_scale_inv, a, op, "b_scale_inv")
+    _check_k_grouped_shapes(a, b, offs, out_dtype, op)
+
+
+def _check_k_grouped_shapes(a, b, offs, out_dtype, op: str) -> None:
+    """a [N, T], b [K, T], N and K multiples of 16 (grouped_gemm_checks.cpp)."""
     _check_offs(offs, a, op)
     checks.check_high_precision_dtype(out_dtype, op, "out_dtype")
     _require(a.dim() == 2, ValueError, f"{op}: argument 'a' must be 2-D [N, T], got shape {sizes(a)}")
@@ -140,6 +146,22 @@ def check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_
              f"(out[g] = a[:, group g] @ b[:, group g].T), got shape {sizes(b)}")
     _check_multiple_of_16(a.shape[0], op, "a", "N = a.size(0)")
     _check_multiple_of_16(b.shape[0], op, "b", "K = b.size(0)")
+
+
+def check_block_scaled_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, block_k: int, out_dtype) -> None:
+    """grouped_gemm_checks.cpp's check_block_scaled_grouped_gemm_wgrad_args, for the fake kernel (the scales'
+    column count against the values of offs is the kernels' check)."""
+    op = _BLOCK_WGRAD_OP
+    _check_operands(a, b, offs, out_dtype, op)
+    _check_k_grouped_shapes(a, b, offs, out_dtype, op)
+    _require(block_k >= 1, ValueError, f"{op}: argument 'block_k' must be >= 1, got {block_k}")
+    _require(a_scale_inv.dim() == 2, ValueError,
+             f"{op}: argument 'a_scale_inv' must be 2-D [N, C] (the groups' chunks), got shape {sizes(a_scale_inv)}")
+    chunks = a_scale_inv.shape[1]
+    _check_block_scale_tensor(a_scale_inv, a, (a.shape[0], chunks), "one scale per row and group chunk", op,
+                              "a_scale_inv")
+    _check_block_scale_tensor(b_scale_inv, a, (b.shape[0], chunks), "one scale per row and group chunk, as a_scale_inv",
+                              op, "b_scale_inv")
 
 
 @torch.library.register_fake(_OP)
@@ -165,6 +187,16 @@ def _block_scaled_grouped_gemm_fake(a, a_scale_inv, b, b_scale_inv, offs, a_bloc
                                               b_scale_inv.dtype == torch.float8_e8m0fnu)
         _require(why_not is None, RuntimeError, why_not or "")
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.register_fake(_BLOCK_WGRAD_OP)
+def _block_scaled_grouped_gemm_wgrad_fake(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype):
+    check_block_scaled_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype)
+    if a.is_cuda:  # every group's reduction is at most T long: block_k over K = T is each group's recipe
+        why_not = cuda_block_gemm_unsupported(a.shape[1], 1, 1, block_k, a_scale_inv.dtype == torch.float8_e8m0fnu,
+                                              b_scale_inv.dtype == torch.float8_e8m0fnu)
+        _require(why_not is None, RuntimeError, why_not or "")
+    return a.new_empty((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 @raising_value_errors
@@ -262,3 +294,37 @@ def block_scaled_grouped_gemm(
     """
     return torch.ops.fp8mp.block_scaled_grouped_gemm(a, a_scale_inv, b, b_scale_inv, offs, 1, b_block_rows, block_k,
                                                      bias, out_dtype)
+
+
+@raising_value_errors
+def block_scaled_grouped_gemm_wgrad(
+    a: torch.Tensor,
+    a_scale_inv: torch.Tensor,
+    b: torch.Tensor,
+    b_scale_inv: torch.Tensor,
+    offs: torch.Tensor,
+    block_k: int,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """FP8 GEMM grouped along K with block scales, one output per group (the fine-grained weight gradient).
+
+    ``out[g] = block_scaled_gemm(a[:, cols of g], its scales, b[:, cols of g], its scales, 1, 1, block_k)``: a = dy.T,
+    b = x.T, the T token columns sorted by group as `offs` says. Each group's columns are quantized on their own
+    (1 x block_k blocks from the group's first column, so that no block spans two groups): group g has
+    ``ceil(T_g / block_k)`` scale columns, after those of the groups before it.
+
+    Args:
+        a: [N, T] float8; b: [K, T] float8, not both E5M2.
+        a_scale_inv: [N, C] float32 or float8_e8m0fnu, C = sum over the groups of ceil(T_g / block_k).
+        b_scale_inv: [K, C], the same layout.
+        offs: [G] int32 cumulative ends of the groups along T (non-decreasing, offs[-1] == T).
+        block_k: the blocks' length along T (rowwise: any value >= every group's T_g, one chunk per group).
+        out_dtype: torch.float32, torch.bfloat16 or torch.float16.
+
+    Returns:
+        [G, N, K]; on CPU out[g] is bit for bit ``block_scaled_gemm(a_g, sa_g, b_g, sb_g, 1, 1, block_k,
+        None, out_dtype)`` on the group's columns made contiguous; zeros for an empty group. On CUDA one
+        block_scaled_gemm per non-empty group for the recipes it runs there (compiled, not yet run on a GPU).
+        N and K must be multiples of 16.
+    """
+    return torch.ops.fp8mp.block_scaled_grouped_gemm_wgrad(a, a_scale_inv, b, b_scale_inv, offs, block_k, out_dtype)

@@ -93,7 +93,7 @@ def test_prepare_selects_fp8_experts_and_forward_is_near_bf16(family):
     ids = token_ids()
     with torch.no_grad():
         expected = reference(input_ids=ids).logits.float()
-        with mock.patch("fp8mp.integrations.hf_moe.fp8_grouped_linear", wraps=hf_moe.fp8_grouped_linear) as spy:
+        with mock.patch("fp8mp.integrations.hf_moe.meta_grouped_linear", wraps=hf_moe.meta_grouped_linear) as spy:
             got = model(input_ids=ids).logits.float()
     # Two grouped linears per MoE layer ran in FP8.
     moe_layers = len(experts_modules(model))
@@ -122,7 +122,9 @@ def test_state_dict_weights_are_those_of_a_model_that_never_saw_fp8mp(family):
     prepared = hf.prepare(build(family))
     weights, fp8_state = split_fp8_state(prepared.state_dict())
     assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in plain.state_dict().items()}
-    assert not any(".experts." in key for key in fp8_state)  # the experts add no state of their own
+    # The experts add FP8 state only: their projections' Fp8Meta buffers, split off with every FP8 module's.
+    experts_state = [key for key in fp8_state if ".experts." in key]
+    assert experts_state and all(".fp8mp_" in key and ".fp8_meta." in key for key in experts_state)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
@@ -154,7 +156,7 @@ def test_at_least_95_percent_of_linear_parameters_in_fp8(family):
 def test_outside_fp8_autocast_the_experts_run_transformers_grouped_mm():
     model = build("qwen3_moe")
     hf_moe.select_fp8_experts(model)
-    with mock.patch("fp8mp.integrations.hf_moe.fp8_grouped_linear") as fp8_path:
+    with mock.patch("fp8mp.integrations.hf_moe.meta_grouped_linear") as fp8_path:
         model(input_ids=token_ids())
     assert fp8_path.call_count == 0
 
@@ -237,3 +239,64 @@ def test_importing_fp8mp_hf_does_not_import_transformers_and_registers_where_it_
     assert run_python("import transformers, fp8mp.integrations.hf\n"
                       "from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS\n"
                       "print('fp8mp' in ALL_EXPERTS_FUNCTIONS)") == "True"
+
+
+FINE_GRAINED = [fp8mp.recipe.RowwiseScaling(), fp8mp.recipe.BlockScaling(), fp8mp.recipe.MXFP8Scaling()]
+
+
+@pytest.mark.parametrize("recipe", FINE_GRAINED, ids=lambda r: type(r).__name__)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fine_grained_recipes_forward_near_bf16_and_backward_finite(family, recipe):
+    reference = build(family)
+    model = hf.prepare(copy.deepcopy(reference), recipe=recipe)
+    ids = token_ids()
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits.float()
+    with mock.patch("fp8mp.nn.grouped_linear_function.BlockGroupedLinearFunction.apply",
+                    wraps=fp8mp.nn.grouped_linear_function.BlockGroupedLinearFunction.apply) as spy:
+        out = model(input_ids=ids, labels=ids)
+    moe_layers = len(experts_modules(model))
+    assert spy.call_count == 2 * moe_layers and moe_layers >= 1  # every expert projection in block-scaled FP8
+    got = out.logits.float()
+    # Block scales round each operand by at most 2^-4 of its block's largest value (E4M3): near the BF16 model
+    # under the same bound as the per-tensor recipes, and not equal to it.
+    rel = (got - expected).norm() / expected.norm()
+    assert 0 < rel < 2 ** -3, rel
+    out.loss.backward()
+    for experts in experts_modules(model):
+        for name, p in experts.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_a_nonfinite_expert_gradient_is_caught_by_the_loss_scaler_and_the_fallback_policy():
+    from fp8mp.training import fp8_cast_check
+
+    model = hf.prepare(build("qwen3_moe"), recipe=fp8mp.recipe.CurrentScaling())
+    experts = experts_modules(model)[0]
+    down = experts.fp8mp_down_proj
+    assert isinstance(down, fp8mp.nn.Fp8Module)
+    monitor = fp8mp.monitor.attach(model)
+    assert any(name.endswith("experts.fp8mp_down_proj") for name in monitor.layers)
+
+    def poison(module, args, output):  # an Inf in the gradient that reaches this layer's down projection
+        def hook(grad):
+            grad = grad.clone()
+            grad[0, 0] = float("inf")
+            return grad
+        output.register_hook(hook)
+
+    handle = experts.register_forward_hook(poison)
+    scaler = fp8mp.LossScaler()
+    fp8_cast_check.forget()
+    ids = token_ids()
+    scaler.scale(model(input_ids=ids, labels=ids).loss).backward()
+    handle.remove()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler.step(optimizer)
+    scaler.update()
+    found = scaler.nonfinite_fp8_casts
+    assert [f.module for f in found if f.module is down] == [down]
+    assert "grad_output" in next(f for f in found if f.module is down).tensors
+    policy = fp8mp.fallback.FallbackPolicy(max_bad_steps=1)
+    policy.step(model, nonfinite_layers=[n for n, m in model.named_modules() if any(f.module is m for f in found)])
+    assert down.fp8_fallback

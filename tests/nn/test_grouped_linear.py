@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fp8mp
 from fp8mp.nn import Fp8Module, GroupedLinear
-from fp8mp.recipe import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling, RowwiseScaling
+from fp8mp.recipe import CurrentScaling, DelayedScaling
 from fp8mp.training import fp8_cast_check
 from fp8mp.training.fallback import FallbackPolicy
 
@@ -115,13 +115,6 @@ def test_delayed_scaling_casts_the_tokens_with_the_scale_of_the_history():
         current = GroupedLinear(len(SPLITS), 32, 48, bias=False)
         current.load_state_dict({"weight": module.weight}, strict=False)
         assert torch.equal(current(x, SPLITS), first)
-
-
-@pytest.mark.parametrize("recipe", [RowwiseScaling(), BlockScaling(), MXFP8Scaling()], ids=lambda r: type(r).__name__)
-def test_fine_grained_recipes_are_refused_naming_them(recipe):
-    module, x = make()
-    with pytest.raises(NotImplementedError, match=type(recipe).__name__), fp8mp.fp8_autocast(fp8_recipe=recipe):
-        module(x, SPLITS)
 
 
 def test_all_rows_in_one_group_and_no_rows_at_all():

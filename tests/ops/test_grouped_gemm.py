@@ -242,3 +242,92 @@ def test_block_scaled_opcheck_and_errors():
         block_scaled_grouped_gemm(a, sa[:, :1], b, sb, offsets(counts), 1, 32)
     with pytest.raises(ValueError, match="'offs' must end at a.size"):
         block_scaled_grouped_gemm(a, sa, b, sb, offsets([3, 0, 4]), 1, 32)
+
+
+# ---------------------------------------------------------------- fine-grained weight gradient (grouped along K)
+def quantize_group_columns(t, counts, block_k, mode, fmt="e4m3"):
+    """t [R, T] quantized along T in 1 x block_k blocks from each group's first column, group by group (the
+    layout block_scaled_grouped_gemm_wgrad takes): (data [R, T], scale_inv [R, C], [(data_g, scale_inv_g)]).
+    block_k None: rowwise, each group one block as long as the group."""
+    from fp8mp.ops import block_quantize
+    parts = [block_quantize(t[:, s:e].contiguous(), 1, block_k or max(e - s, 1), fmt, mode)
+             for s, e in group_ranges(counts)]
+    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1), parts
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES), ids=str)
+@pytest.mark.parametrize("grouping", list(GROUPINGS), ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_block_wgrad_each_group_is_block_scaled_gemm_on_its_columns_and_within_the_fp64_bound(recipe, grouping,
+                                                                                              out_dtype):
+    from fp8mp.ops import block_scaled_gemm, block_scaled_grouped_gemm_wgrad
+    counts = GROUPINGS[grouping]
+    _, block_k, mode = RECIPES[recipe]
+    N, K, T = 48, 32, sum(counts)
+    gen = torch.Generator().manual_seed(T)
+    dy_t = torch.randn(N, T, generator=gen) * torch.logspace(-3, 3, T).view(1, T)  # tokens of very different ranges
+    x_t = torch.randn(K, T, generator=gen)
+    wide = block_k or max(T, 1)  # rowwise: any block_k >= every group's length
+    a, sa, a_parts = quantize_group_columns(dy_t, counts, block_k, mode)
+    b, sb, b_parts = quantize_group_columns(x_t, counts, block_k, mode)
+    out = block_scaled_grouped_gemm_wgrad(a, sa, b, sb, offsets(counts), wide, out_dtype)
+    assert out.shape == (len(counts), N, K) and out.dtype == out_dtype
+    for g, (s, e) in enumerate(group_ranges(counts)):
+        (ag, sag), (bg, sbg) = a_parts[g], b_parts[g]
+        group_block = block_k or max(e - s, 1)
+        alone = block_scaled_gemm(ag, sag, bg, sbg, 1, 1, group_block, None, out_dtype)
+        assert torch.equal(out[g].view(torch.uint8), alone.view(torch.uint8)), f"group {g} differs"
+        a64, b64 = block_dequantized(ag, sag, 1, group_block), block_dequantized(bg, sbg, 1, group_block)
+        assert_close_to_reference(out[g], a64 @ b64.t(), a64.abs() @ b64.abs().t(), out_dtype)
+
+
+def test_block_wgrad_opcheck():
+    counts = [3, 0, 40]
+    a, sa, _ = quantize_group_columns(torch.randn(16, 43), counts, 32, "e8m0_rceil")
+    b, sb, _ = quantize_group_columns(torch.randn(32, 43), counts, 32, "e8m0_rceil")
+    assert sa.shape == (16, 3)  # 1 + 0 + 2 chunks
+    opcheck_fp8_aware(torch.ops.fp8mp.block_scaled_grouped_gemm_wgrad.default,
+                      (a, sa, b, sb, offsets(counts), 32, torch.bfloat16))
+
+
+def _block_wgrad_call(**overrides):
+    """A call of block_scaled_grouped_gemm_wgrad with valid arguments but `overrides`, every tensor made inside."""
+    def call(device):
+        from fp8mp.ops import block_scaled_grouped_gemm_wgrad
+        counts = [3, 0, 40]
+        a, sa, _ = quantize_group_columns(torch.randn(16, 43), counts, 32, "fp32")
+        b, sb, _ = quantize_group_columns(torch.randn(32, 43), counts, 32, "fp32")
+        args = dict(a=a, a_scale_inv=sa, b=b, b_scale_inv=sb, offs=offsets(counts), block_k=32,
+                    out_dtype=torch.bfloat16)
+        args.update({name: make() for name, make in overrides.items()})
+        return block_scaled_grouped_gemm_wgrad(**args)
+    return call
+
+
+@pytest.mark.parametrize("overrides,error,words", [
+    (dict(a=lambda: fp8_randn((24, 43), E4M3), a_scale_inv=lambda: torch.ones(24, 3)), ValueError,
+     ["N = a.size(0)", "multiple of 16"]),
+    (dict(b=lambda: fp8_randn((40, 43), E4M3), b_scale_inv=lambda: torch.ones(40, 3)), ValueError,
+     ["K = b.size(0)", "multiple of 16"]),
+    (dict(b=lambda: fp8_randn((32, 44), E4M3)), ValueError, ["'b'", "T = a.size(1) = 43"]),
+    (dict(b_scale_inv=lambda: torch.ones(32, 2)), ValueError, ["'b_scale_inv'", "[32, 3]"]),
+    (dict(a_scale_inv=lambda: torch.ones(16)), ValueError, ["'a_scale_inv'", "2-D [N, C]"]),
+    (dict(a_scale_inv=lambda: torch.ones(16, 3, dtype=torch.float64)), RuntimeError, ["'a_scale_inv'", "float32"]),
+    (dict(block_k=lambda: 0), ValueError, ["'block_k'", ">= 1"]),
+    (dict(offs=lambda: torch.tensor([3, 3, 43], dtype=torch.int64)), RuntimeError, ["'offs'", "int32"]),
+])
+@pytest.mark.parametrize("device", ["cpu", "fake"])
+def test_block_wgrad_bad_arguments_same_error_from_kernel_and_fake(overrides, error, words, device):
+    kind, message = error_of(_block_wgrad_call(**overrides), device)
+    assert kind is error and all(w in message for w in words), (kind, message)
+
+
+@pytest.mark.parametrize("offs,words", [
+    ([3, 2, 43], ["'offs'", "non-decreasing"]),
+    ([3, 3, 42], ["'offs'", "end at a.size(1) = 43"]),
+    ([20, 20, 43], ["'a_scale_inv'", "C = 2 columns"]),  # 1 + 0 + 1 chunks for these groups, not 3
+])
+def test_block_wgrad_bad_offsets_values_name_the_argument(offs, words):
+    with pytest.raises(ValueError) as info:
+        _block_wgrad_call(offs=lambda: offsets([offs[0], offs[1] - offs[0], offs[2] - offs[1]]))("cpu")
+    assert all(w in str(info.value) for w in words), str(info.value)

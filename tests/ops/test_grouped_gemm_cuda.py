@@ -53,3 +53,29 @@ def test_cuda_grouped_wgrad_each_group_within_the_fp64_bound(grouping, out_dtype
         assert_close_to_reference(out[g], ref64, abs_sum, out_dtype)
         if e == s:
             assert torch.equal(out[g], torch.zeros(N, K, dtype=out_dtype))
+
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+def test_cuda_block_wgrad_each_group_within_the_fp64_bound():
+    """block_scaled_grouped_gemm_wgrad on a GPU, rowwise, DeepSeek-V3 and MXFP8 blocks over the CUDA groupings (one
+    test, as the GPU check's time plan counts tests): each group against the float64 GEMM of its dequantized
+    columns; an empty group gives zeros."""
+    from fp8mp.ops import block_scaled_grouped_gemm_wgrad
+    from test_grouped_gemm import RECIPES, block_dequantized, quantize_group_columns
+    for recipe in ("rowwise", "deepseek_v3", "mxfp8"):
+        _, block_k, mode = RECIPES[recipe]
+        for grouping in CUDA_GROUPINGS:
+            counts = GROUPINGS[grouping]
+            N, K, T = 48, 32, sum(counts)
+            gen = torch.Generator().manual_seed(T)
+            dy_t, x_t = torch.randn(N, T, generator=gen), torch.randn(K, T, generator=gen)
+            a, sa, a_parts = quantize_group_columns(dy_t, counts, block_k, mode)
+            b, sb, b_parts = quantize_group_columns(x_t, counts, block_k, mode)
+            out = block_scaled_grouped_gemm_wgrad(a.cuda(), sa.cuda(), b.cuda(), sb.cuda(), offsets(counts).cuda(),
+                                                  block_k or max(T, 1), torch.float32).cpu()
+            for g, (s, e) in enumerate(group_ranges(counts)):
+                group_block = block_k or max(e - s, 1)
+                a64 = block_dequantized(a_parts[g][0], a_parts[g][1], 1, group_block)
+                b64 = block_dequantized(b_parts[g][0], b_parts[g][1], 1, group_block)
+                assert_close_to_reference(out[g], a64 @ b64.t(), a64.abs() @ b64.abs().t(), torch.float32)
