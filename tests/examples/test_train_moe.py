@@ -24,12 +24,12 @@ TINY_TRAIN = TrainConfig(steps=12, batch_size=8, lr=3e-3, warmup_steps=2, eval_e
 def test_fp8_and_bf16_runs_learn_and_fp8_runs_the_experts_in_fp8(monkeypatch):
     grouped_calls = []
 
-    def counting(*args, **kwargs):
-        grouped_calls.append(args[0].shape)
-        return fp8_grouped_linear(*args, **kwargs)
+    def counting(meta, x2d, *args, **kwargs):
+        grouped_calls.append(x2d.shape)
+        return meta_grouped_linear(meta, x2d, *args, **kwargs)
 
-    fp8_grouped_linear = hf_moe.fp8_grouped_linear
-    monkeypatch.setattr(hf_moe, "fp8_grouped_linear", counting)
+    meta_grouped_linear = hf_moe.meta_grouped_linear
+    monkeypatch.setattr(hf_moe, "meta_grouped_linear", counting)
     config = train_moe.MoEConfig()
     runs = {}
     for name in ("fp8", "bf16"):

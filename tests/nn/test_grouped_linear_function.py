@@ -95,10 +95,12 @@ def test_bfloat16_model_dtypes_and_finite():
 def test_cast_per_expert_is_cast_to_fp8_of_each_expert(fmt):
     w = torch.randn(5, 16, 24, dtype=torch.bfloat16) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 1e4]).view(5, 1, 1).bfloat16()
     w[1, 2, 3] = float("nan")
-    data, scale_inv, _ = cast_per_expert(w, fmt)
+    data, data_t, scale_inv, amax = cast_per_expert(w, fmt)
     for e in range(5):
         scale = scale_inv[e:e + 1].reciprocal()
-        amax = torch.zeros(1)
-        expected = cast_to_fp8(w[e], scale, amax, fmt)
+        expert_amax = torch.zeros(1)
+        expected = cast_to_fp8(w[e], scale, expert_amax, fmt)
         assert torch.equal(data[e].view(torch.uint8), expected.view(torch.uint8)), f"expert {e}"
+        assert torch.equal(data_t[e].view(torch.uint8), expected.t().view(torch.uint8)), f"expert {e} transposed"
+        assert torch.equal(amax[e:e + 1].nan_to_num(-1.0), expert_amax.nan_to_num(-1.0)), f"expert {e} amax"
     assert scale_inv[3] == 1.0  # an all-zero expert keeps scale 1
