@@ -27,6 +27,7 @@ import torch
 import contextlib
 
 from fp8mp.nn.block_linear_function import block_k_of
+from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight
 from fp8mp.nn.fp8_linear_function import Fp8LinearOptions, linear_options
 from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose
@@ -67,6 +68,8 @@ def cast_per_expert(weight: torch.Tensor, fmt: str, margin: int = 0
     once with torch's elementwise ops took five passes and three float32 temporaries of the whole weight."""
     experts = weight.shape[0]
     weight = weight.detach()
+    if isinstance(weight, Fp8FrozenWeight):  # decoded once here, not once per expert's slice below
+        weight = weight.decode()
     amax = (torch.linalg.vector_norm(weight.reshape(experts, -1), float("inf"), dim=1, dtype=torch.float32)
             if weight.numel() else torch.zeros(experts, device=weight.device))
     scale = current_scale(amax, fmt, margin)
