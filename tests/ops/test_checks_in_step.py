@@ -126,7 +126,8 @@ def _cpp_argument_checks() -> list[tuple[str, list[str]]]:
 
 
 # Checks of tensor values: a fake kernel sees shapes and dtypes only, so these have no Python twin.
-VALUE_CHECKS = ("' must be finite and > 0, got ", "' must be non-decreasing and >= 0", "' must end at ")
+VALUE_CHECKS = ("' must be finite and > 0, got ", "' must be non-decreasing and >= 0", "' must end at ",
+                "' must have C = ")  # the last: block columns counted from offs' values
 
 
 def _python_messages() -> list[str]:
