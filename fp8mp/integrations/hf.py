@@ -80,8 +80,9 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
 
     Args:
         model: a transformers model (or any torch module).
-        recipe: a DelayedScaling or CurrentScaling pinned on every converted module (its history has
-            the recipe's length before any load, as DCP needs); None: fp8_autocast's DelayedScaling().
+        recipe: any fp8mp recipe (per-tensor or fine-grained), pinned on every converted module and on the
+            experts' projections (their state shaped for it before any load, as DCP needs); None:
+            fp8_autocast's DelayedScaling().
         keep_high_precision: module-name prefixes left as they are; None keeps the output
             embedding (`model.get_output_embeddings()`, lm_head), whose logits feed the loss directly.
         convert_norms: also swap torch's LayerNorm/RMSNorm (not transformers' own RMSNorm classes).
@@ -101,7 +102,7 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
     keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
     convert(model, recipe=recipe, module_filter=lambda name, m: not any(name_under(name, p) for p in keep),
             convert_norms=convert_norms)
-    select_fp8_experts(model)
+    select_fp8_experts(model, recipe)
     hooks = Fp8Forward(recipe)
     model.register_forward_pre_hook(hooks.enter)
     model.register_forward_hook(hooks.leave, always_call=True)

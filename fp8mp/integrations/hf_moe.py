@@ -97,13 +97,17 @@ def _grouped_linear(self, x, name, bias, offs):
     return _projection_state(self, name).project(x, getattr(self, name), bias, offs, self.is_transposed)
 
 
-def attach_fp8_state(model: torch.nn.Module) -> None:
+def attach_fp8_state(model: torch.nn.Module, recipe=None) -> None:
     """Give every experts module of `model` its ExpertsProjectionFp8 children now (prepare's time), so that
-    optimizers, the monitor and checkpoints see them before the first forward."""
+    optimizers, the monitor and checkpoints see them before the first forward; with a `recipe`, pinned on each
+    (its state shaped for it before any load), as convert pins it on the Linear layers."""
     for module in model.modules():
         if hasattr(module, "is_concatenated") and hasattr(module, "has_gate"):
             for name in ("gate_up_proj", "down_proj") if module.has_gate else ("up_proj", "down_proj"):
-                _projection_state(module, name)
+                state = _projection_state(module, name)
+                if recipe is not None:
+                    state.fp8_recipe = recipe
+                    state.fp8_meta.configure(recipe)
 
 
 def _fp8_shapes(self) -> bool:
@@ -174,11 +178,12 @@ def supports_experts_implementation(model: torch.nn.Module) -> bool:
     return has_experts and bool(can_set())
 
 
-def select_fp8_experts(model: torch.nn.Module) -> bool:
-    """Register "fp8mp" and select it on `model` where its experts support implementations; whether it did."""
+def select_fp8_experts(model: torch.nn.Module, recipe=None) -> bool:
+    """Register "fp8mp" and select it on `model` where its experts support implementations; whether it did.
+    recipe: pinned on the experts' projections (None: they follow fp8_autocast's)."""
     if not supports_experts_implementation(model):
         return False
     register()
     model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
-    attach_fp8_state(model)
+    attach_fp8_state(model, recipe)
     return True

@@ -300,3 +300,13 @@ def test_a_nonfinite_expert_gradient_is_caught_by_the_loss_scaler_and_the_fallba
     policy = fp8mp.fallback.FallbackPolicy(max_bad_steps=1)
     policy.step(model, nonfinite_layers=[n for n, m in model.named_modules() if any(f.module is m for f in found)])
     assert down.fp8_fallback
+
+
+def test_prepare_pins_its_recipe_on_the_experts_projections_before_any_forward():
+    recipe = fp8mp.recipe.DelayedScaling(amax_history_len=7)
+    model = hf.prepare(build("qwen3_moe"), recipe=recipe)
+    projections = [m for m in model.modules() if isinstance(m, hf_moe.ExpertsProjectionFp8)]
+    assert projections and all(p.fp8_recipe is recipe for p in projections)
+    assert all(p.fp8_meta.amax_history.shape[0] == 7 for p in projections)  # shaped for it before any load
+    unpinned = hf.prepare(build("qwen3_moe"))
+    assert all(m.fp8_recipe is None for m in unpinned.modules() if isinstance(m, hf_moe.ExpertsProjectionFp8))
