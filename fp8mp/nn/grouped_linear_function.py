@@ -41,7 +41,6 @@ from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Meta, columns_of, fol
 from fp8mp.scaling.recipe import BlockRecipe
 
 FORWARD_FORMAT, BACKWARD_FORMAT = "e4m3", "e5m2"
-_FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 def current_scale(amax: torch.Tensor, fmt: str, margin: int = 0) -> torch.Tensor:
@@ -78,8 +77,8 @@ def cast_per_expert(weight: torch.Tensor, fmt: str, margin: int = 0
         cast_to_fp8(weight[e], unit_scale, amax[e:e + 1], fmt)
     scale = current_scale(amax, fmt, margin)
     scratch_amax = torch.empty(1, dtype=torch.float32, device=weight.device)
-    data = torch.empty(weight.shape, dtype=_FP8_DTYPE[fmt], device=weight.device)
-    data_t = torch.empty((experts, *weight.shape[:0:-1]), dtype=_FP8_DTYPE[fmt], device=weight.device)
+    data = torch.empty(weight.shape, dtype=FP8_DTYPES[fmt], device=weight.device)
+    data_t = torch.empty((experts, *weight.shape[:0:-1]), dtype=FP8_DTYPES[fmt], device=weight.device)
     for e in range(experts):  # copies, not torch.stack: autocast refuses to promote float8 operands
         cast, cast_t = cast_to_fp8_transpose(weight[e], scale[e:e + 1], scratch_amax, fmt)
         data[e].copy_(cast)
