@@ -53,3 +53,48 @@ def run_and_check(a, b, a_scale_inv, b_scale_inv, bias, out_dtype, **kwargs):
     ref64, abs_sum = reference_f64(a, a_scale_inv, b, b_scale_inv, bias)
     assert_close_to_reference(out, ref64, abs_sum, out_dtype)
     return out
+
+
+UNIT_ROUNDOFF_FP32 = 2.0 ** -24
+
+
+def summation_error_bound(a64, b64, chunk: int, pairs: bool, compensated: bool, rows_per_block: int = 0):
+    """A rigorous bound on |fp32 result - exact| of each a @ b.T element summed in a known order: the exact
+    (here float64) products of k in chunks of `chunk` consecutive k, each chunk summed from zero in k order, the
+    chunks' sums then added in k order plainly or, `compensated`, with Kahan's compensation.
+
+    Each fp32 addition rounds its result s to nearest with an error of at most u|s| (u = 2^-24); to first order
+    the errors add, so a chunk errs by at most u * sum |s| over its running sums (Wilkinson's running error
+    bound; the partial sums here are the exact ones, the computed ones differ from them by a relative O(Ku), covered
+    by the (1 + 2Ku) factor below). `pairs`: the bf16 dot-product instructions (vdpbf16ps, AMX's tdpbf16ps) add the
+    products of k = 2m and 2m + 1 to a lane in one instruction, whose intermediate sum may be either product's
+    first: both running sums of each pair are counted. Plain chunk sums add u * sum |S_j| over the running sums S_j
+    of the chunks' sums; Kahan's compensated sum errs by at most (2u + O(n u^2)) sum |C_j| (Higham, Accuracy and
+    Stability of Numerical Algorithms, 2nd ed., (4.8)). The bound follows from the order alone, not from any
+    library's result. a64: [M, K] float64, b64: [N, K]; returns [M, N] float64."""
+    import numpy as np
+
+    u = UNIT_ROUNDOFF_FP32
+    m_rows, k = a64.shape
+    n_cols = b64.shape[0]
+    chunks = max(1, -(-k // chunk))
+    padded = chunks * chunk
+    a_pad = np.zeros((m_rows, padded)); a_pad[:, :k] = a64
+    b_pad = np.zeros((n_cols, padded)); b_pad[:, :k] = b64
+    rows_per_block = rows_per_block or max(1, (1 << 23) // max(1, n_cols * padded))
+    bound = np.empty((m_rows, n_cols))
+    for r0 in range(0, m_rows, rows_per_block):
+        r1 = min(m_rows, r0 + rows_per_block)
+        products = (a_pad[r0:r1, None, :] * b_pad[None, :, :]).reshape(r1 - r0, n_cols, chunks, chunk)
+        running = np.cumsum(products, axis=-1)
+        chunk_error = np.abs(running).sum(axis=(-1, -2))
+        if pairs and chunk >= 2:
+            before_pair = np.concatenate([np.zeros_like(running[..., :1]), running[..., 1:-1:2]], axis=-1)
+            chunk_error += np.abs(before_pair + products[..., 1::2]).sum(axis=(-1, -2))
+        chunk_sums = running[..., -1]
+        if compensated:
+            combine_error = (2 + 4 * chunks * u) * np.abs(chunk_sums).sum(axis=-1)
+        else:
+            combine_error = np.abs(np.cumsum(chunk_sums, axis=-1)[..., 1:]).sum(axis=-1)
+        bound[r0:r1] = u * (chunk_error + combine_error) * (1 + 2 * k * u)
+    return bound

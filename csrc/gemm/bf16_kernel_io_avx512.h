@@ -132,7 +132,8 @@ FP8MP_TARGET_AVX512_BF16 inline void stream_row32(__m512 v0, __m512 v1, bf16* ou
 // within 5 % up to 4096); the compensation costs about 8 % of the AMX kernel's time. Chunks of 512 rather
 // than 256 (emulated against float64, 64 x K x 64 random E4M3: mean error 1.07x, 1.02x, 1.06x MKL's at
 // K = 1024, 2048, 4096; one chain of K = 1024 would be 1.37x) halve the AMX kernel's chunk ends, where its
-// tiles wait on their stores. tests/ops/test_gemm_cpu_paths.py checks the errors.
+// tiles wait on their stores. tests/ops/test_gemm_cpu_paths.py holds each element to the rigorous error bound
+// of this order.
 constexpr int64_t kAmxChunkK = 512;
 constexpr int64_t kAvx512ChunkK = 256;
 constexpr int64_t kPlainMaxK = 4096;
