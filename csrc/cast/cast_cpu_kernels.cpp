@@ -11,8 +11,7 @@
 #endif
 
 #include "cast/encode_avx512.h"
-#include "common/cpu_clones.h"
-#include "common/cpu_features.h"
+#include "common/cpu_isa.h"
 #include "common/fp8_decode_table.h"
 #include "common/nan_keeping_scale.h"
 
@@ -27,8 +26,8 @@ constexpr int64_t kTileRows = 64;
 constexpr int64_t kTileCols = 512;
 
 template <Fp8Format F, typename scalar_t>
-FP8MP_CPU_CLONES uint32_t cast_span_scalar(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n,
-                                           float scale) {
+uint32_t cast_span_scalar(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n,
+                          float scale) {
   uint32_t amax_bits = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
@@ -43,9 +42,9 @@ FP8MP_CPU_CLONES uint32_t cast_span_scalar(const scalar_t* __restrict x, uint8_t
 template <Fp8Format F, typename scalar_t>
 uint32_t cast_span(const scalar_t* __restrict x, uint8_t* __restrict y, int64_t n, float scale) {
 #if FP8MP_AVX512_KERNELS
-  if (cpu_features().avx512) return encode_span_avx512<F>(x, y, n, scale);
+  if (cpu_isa() == CpuIsa::Avx512) return encode_span_avx512<F>(x, y, n, scale);
 #endif
-  return cast_span_scalar<F>(x, y, n, scale);
+  return with_cpu_isa([&] { return cast_span_scalar<F>(x, y, n, scale); });
 }
 
 #if defined(__SSE2__)
@@ -103,8 +102,8 @@ uint32_t cast_tile_transpose(const scalar_t* __restrict x, uint8_t* __restrict y
 // sums[c - c0] = sum over rows [r0, r1) of float(x[r, c]) for c in [c0, c1), in row order: columns are
 // independent, so vectorizing over them keeps every column's order of additions.
 template <typename scalar_t>
-FP8MP_CPU_CLONES void column_sums(const scalar_t* __restrict x, int64_t cols, int64_t r0, int64_t r1, int64_t c0,
-                                  int64_t c1, float* __restrict sums) {
+void column_sums(const scalar_t* __restrict x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                 float* __restrict sums) {
   for (int64_t c = c0; c < c1; ++c) sums[c - c0] = static_cast<float>(x[r0 * cols + c]);
   for (int64_t r = r0 + 1; r < r1; ++r) {
     const scalar_t* row = x + r * cols;
@@ -125,7 +124,7 @@ uint32_t cast_tiles_transpose(const scalar_t* __restrict x, uint8_t* __restrict 
   // ahead do not stop at every tile edge; their column sums too, from the rows while in L1 rather than read
   // again after the tile (cast_to_fp8_transpose_dbias of bf16 4096 x 1024 on a Xeon, 2 threads, three
   // alternating rounds: 701-762 -> 646-700 us; without dbias 578-646 us).
-  if (cpu_features().avx512 && r1 - r0 == kTileRows) {
+  if (cpu_isa() == CpuIsa::Avx512 && r1 - r0 == kTileRows) {
     const int64_t blocks = (c1 - c0) / kTileRows;
     amax_bits = cast_transpose_rows64_avx512<F>(x + r0 * cols + c0, cols, y + r0 * cols + c0, cols,
                                                 yt + c0 * rows + r0, rows, blocks, scale, streaming,
@@ -133,7 +132,7 @@ uint32_t cast_tiles_transpose(const scalar_t* __restrict x, uint8_t* __restrict 
     c0 += blocks * kTileRows;
   }
 #endif
-  if (row_sums != nullptr && c0 < c1) column_sums(x, cols, r0, r1, c0, c1, row_sums + c0);
+  if (row_sums != nullptr && c0 < c1) with_cpu_isa([&] { column_sums(x, cols, r0, r1, c0, c1, row_sums + c0); });
   for (; c0 < c1; c0 += kTileCols) {
     const uint32_t tile_amax =
         cast_tile_transpose<F>(x, y, yt, rows, cols, r0, r1, c0, std::min(c0 + kTileCols, c1), scale);
@@ -224,6 +223,9 @@ float cast_to_fp8_transpose(const void* x, HpType x_type, uint8_t* y, uint8_t* y
         const float* sums = tile_row_sums.get() + tr * cols;
         for (int64_t c = begin; c < end; ++c) dbias[c] += sums[c];
       }
+      // A NaN's payload in a sum is the first NaN operand's on x86, and the AVX-512 loop adds in another
+      // operand order than column_sums: one NaN, the canonical one, for every path.
+      for (int64_t c = begin; c < end; ++c) dbias[c] = pin_nan(dbias[c]);
     });
   }
   return bits_to_float(amax_bits.load());

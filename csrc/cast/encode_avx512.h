@@ -3,7 +3,7 @@
 // transpose of 64x64 bytes they use. They give exactly
 // the bits of the scalar code (fp8_format.h's encode<F>, a byte-by-byte
 // transpose); tests/cpp/test_encode_avx512.cpp checks the encode on every
-// fp32, bf16 and fp16 bit pattern. Call them only where cpu_features().avx512.
+// fp32, bf16 and fp16 bit pattern. Call them only where cpu_isa() is CpuIsa::Avx512 (cpu_isa.h).
 #pragma once
 
 #include <cstdint>

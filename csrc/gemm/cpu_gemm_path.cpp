@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/cpu_features.h"
+#include "common/cpu_isa.h"
 #include "gemm/bf16_gemm_amx.h"
 
 namespace fp8mp::cpu {
@@ -13,11 +14,13 @@ GemmPath gemm_path() {
   static const GemmPath path = [] {
     const char* forced = std::getenv("FP8MP_CPU_GEMM");
     const auto is = [forced](const char* name) { return forced != nullptr && std::strcmp(forced, name) == 0; };
-    const bool have_avx512_kernel = FP8MP_AVX512_KERNELS && cpu_features().avx512_bf16;
+    // FP8MP_CPU_ISA below avx512 keeps both bf16 kernels off, as on a CPU without AVX-512.
+    const bool have_avx512_kernel = FP8MP_AVX512_KERNELS && cpu_features().avx512_bf16 && cpu_isa() == CpuIsa::Avx512;
     if (is("fp32")) return GemmPath::Fp32;
     if (is("avx512bf16")) return have_avx512_kernel ? GemmPath::Avx512Bf16 : GemmPath::Fp32;
-    if (is("amx")) return amx_bf16_usable() ? GemmPath::Amx : GemmPath::Fp32;
-    if (amx_bf16_usable()) return GemmPath::Amx;
+    const bool amx = have_avx512_kernel && amx_bf16_usable();
+    if (is("amx")) return amx ? GemmPath::Amx : GemmPath::Fp32;
+    if (amx) return GemmPath::Amx;
     // The AVX512-BF16 kernel only where vdpbf16ps outruns the fp32 FMAs: AMD's cores (Zen 4: 0.91-0.99x of
     // torch's bf16 mm, RESULTS.md). An Intel core runs it at half their FLOP rate (a Xeon with AMX, AMX
     // unused: 118 GFLOP/s of vdpbf16ps against 237 of vfmadd231ps per core; the forced kernel 0.56-0.62x of

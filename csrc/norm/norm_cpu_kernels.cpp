@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/cpu_clones.h"
+#include "common/cpu_isa.h"
 
 namespace fp8mp::cpu {
 namespace {
@@ -32,7 +32,7 @@ float combine_lanes(float (&acc)[kLanes], float tail) {
 
 // sum(x), or sum(x^2) when kSquares.
 template <bool kSquares, typename scalar_t>
-FP8MP_CPU_CLONES float row_sum(const scalar_t* __restrict x, int64_t n) {
+float row_sum(const scalar_t* __restrict x, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -51,7 +51,7 @@ FP8MP_CPU_CLONES float row_sum(const scalar_t* __restrict x, int64_t n) {
 
 // sum(x - mean0) and sum((x - mean0)^2).
 template <typename scalar_t>
-FP8MP_CPU_CLONES void centered_sums(const scalar_t* __restrict x, int64_t n, float mean0, float& sum_d, float& sum_d2) {
+void centered_sums(const scalar_t* __restrict x, int64_t n, float mean0, float& sum_d, float& sum_d2) {
   float acc[kLanes] = {}, acc2[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -75,19 +75,19 @@ template <bool kCentered, typename scalar_t>
 void row_stats(const scalar_t* x, int64_t n, float eps, float& mean, float& rstd) {
   const float fn = static_cast<float>(n);
   if constexpr (kCentered) {
-    const float mean0 = row_sum<false>(x, n) / fn;
+    const float mean0 = with_cpu_isa([&] { return row_sum<false>(x, n); }) / fn;
     float sum_d, sum_d2;
-    centered_sums(x, n, mean0, sum_d, sum_d2);
+    with_cpu_isa([&] { centered_sums(x, n, mean0, sum_d, sum_d2); });
     layernorm_stats(mean0, sum_d, sum_d2, fn, eps, mean, rstd);
   } else {
     mean = 0.0f;
-    rstd = rmsnorm_rstd(row_sum<true>(x, n), fn, eps);
+    rstd = rmsnorm_rstd(with_cpu_isa([&] { return row_sum<true>(x, n); }), fn, eps);
   }
 }
 
 // y = normalized(x) * g (+ b), rounded to scalar_t.
 template <bool kCentered, bool kHasBias, typename scalar_t>
-FP8MP_CPU_CLONES void normalize_row(const scalar_t* __restrict x, scalar_t* __restrict out, const float* __restrict g,
+void normalize_row(const scalar_t* __restrict x, scalar_t* __restrict out, const float* __restrict g,
                                     const float* __restrict b, int64_t n, float mean, float rstd) {
   for (int64_t i = 0; i < n; ++i) {
     float y = normalized<kCentered>(static_cast<float>(x[i]), mean, rstd) * g[i];
@@ -98,7 +98,7 @@ FP8MP_CPU_CLONES void normalize_row(const scalar_t* __restrict x, scalar_t* __re
 
 // Same y, rounded once to scalar_t (the value normalize_row writes), then cast to FP8; returns max |y| bits.
 template <Fp8Format F, bool kCentered, bool kHasBias, typename scalar_t>
-FP8MP_CPU_CLONES uint32_t normalize_row_fp8(const scalar_t* __restrict x, uint8_t* __restrict out,
+uint32_t normalize_row_fp8(const scalar_t* __restrict x, uint8_t* __restrict out,
                                             const float* __restrict g, const float* __restrict b, int64_t n,
                                             float mean, float rstd, float scale) {
   uint32_t amax_bits = 0;
@@ -177,15 +177,19 @@ void norm_fwd_impl(const NormFwdArgs& args, ParallelFor parallel_for) {
     if (!args.fp8) {
       scalar_t* out_ptr = static_cast<scalar_t*>(args.out);
       with_bias([&](auto has_bias, int64_t r, const scalar_t* xr, float mu, float rs) -> uint32_t {
-        normalize_row<kCentered, decltype(has_bias)::value>(xr, out_ptr + r * hidden, g_ptr, b_ptr, hidden, mu, rs);
+        with_cpu_isa([&] {
+          normalize_row<kCentered, decltype(has_bias)::value>(xr, out_ptr + r * hidden, g_ptr, b_ptr, hidden, mu, rs);
+        });
         return 0;
       });
     } else {
       uint8_t* out_ptr = static_cast<uint8_t*>(args.out);
       FP8MP_DISPATCH_FORMAT(args.format, [&] {
         with_bias([&](auto has_bias, int64_t r, const scalar_t* xr, float mu, float rs) -> uint32_t {
-          return normalize_row_fp8<kFormat, kCentered, decltype(has_bias)::value>(
-              xr, out_ptr + r * hidden, g_ptr, b_ptr, hidden, mu, rs, scale_value);
+          return with_cpu_isa([&] {
+            return normalize_row_fp8<kFormat, kCentered, decltype(has_bias)::value>(
+                xr, out_ptr + r * hidden, g_ptr, b_ptr, hidden, mu, rs, scale_value);
+          });
         });
       });
     }
@@ -196,7 +200,7 @@ void norm_fwd_impl(const NormFwdArgs& args, ParallelFor parallel_for) {
 // One row of the backward: grad_x, and (with gw_part) the row's grad_out * xhat
 // (and grad_out, for LayerNorm's bias) added to the chunk's partial sums.
 template <bool kCentered, typename scalar_t>
-FP8MP_CPU_CLONES void bwd_row(const scalar_t* __restrict go, const scalar_t* __restrict x, scalar_t* __restrict gx,
+void bwd_row(const scalar_t* __restrict go, const scalar_t* __restrict x, scalar_t* __restrict gx,
                               const float* __restrict g, float mean, float rstd, int64_t n, float fn,
                               float* __restrict gw_part, float* __restrict gb_part) {
   float acc_dy[kLanes] = {}, acc_dy_xhat[kLanes] = {};
@@ -259,8 +263,10 @@ void norm_bwd_impl(const NormBwdArgs& args, ParallelFor parallel_for) {
         float* gw_part = want_params ? partial_ptr + c * 2 * hidden : nullptr;
         float* gb_part = want_params ? gw_part + hidden : nullptr;
         for (int64_t r = c * rows_per_chunk; r < std::min(rows, (c + 1) * rows_per_chunk); ++r) {
-          bwd_row<kCentered>(go_ptr + r * hidden, x_ptr + r * hidden, gx_ptr + r * hidden, g_ptr,
-                             kCentered ? mean_ptr[r] : 0.0f, rstd_ptr[r], hidden, fn, gw_part, gb_part);
+          with_cpu_isa([&] {
+            bwd_row<kCentered>(go_ptr + r * hidden, x_ptr + r * hidden, gx_ptr + r * hidden, g_ptr,
+                               kCentered ? mean_ptr[r] : 0.0f, rstd_ptr[r], hidden, fn, gw_part, gb_part);
+          });
         }
       }
     });

@@ -4,7 +4,7 @@
 //
 // The block's work is split into loops the compiler vectorizes (the random bits of the block, the FP8
 // decode, the update rule, the amax, the FP8 encode), compiled for AVX-512, AVX2 and baseline x86-64
-// (FP8MP_CPU_CLONES, picked by the CPU at load time). They are optim_rule.h's functions element by element,
+// (with_cpu_isa: the CPU's best, or the level FP8MP_CPU_ISA asks for). They are optim_rule.h's functions element by element,
 // and the build keeps IEEE fp32 semantics (no contraction, no reassociation; -fno-math-errno only lets the
 // update's sqrt vectorize), so every ISA writes the bits of the one-element-at-a-time loop;
 // FP8MP_CPU_OPTIM=scalar runs that loop (not vectorized, with GCC) instead, to check it.
@@ -14,7 +14,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common/cpu_clones.h"
+#include "common/cpu_isa.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define FP8MP_NOT_VECTORIZED __attribute__((optimize("no-tree-vectorize")))
@@ -100,9 +100,9 @@ __attribute__((always_inline)) inline void step_block(const optim::StepBuffers& 
   }
 }
 
-// Blocks [first_block, last_block): the vectorized loops, for the best ISA of this CPU.
+// Blocks [first_block, last_block): the vectorized loops (called through with_cpu_isa).
 template <typename Rule, typename P, typename G, StateType S>
-FP8MP_CPU_CLONES void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, uint64_t key,
+void step_blocks(const optim::StepBuffers& b, const typename Rule::Scalars& c, uint64_t key,
                                   int64_t first_block, int64_t last_block) {
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t begin = block * kStateBlock;
@@ -148,7 +148,7 @@ void step(const optim::StepBuffers& b, const typename Rule::Hyper& hyper, Parall
         if (scalar) {
           step_blocks_scalar<Rule, P, G, kState>(b, c, key, first, last);
         } else {
-          step_blocks<Rule, P, G, kState>(b, c, key, first, last);
+          with_cpu_isa([&] { step_blocks<Rule, P, G, kState>(b, c, key, first, last); });
         }
       });
     };

@@ -81,7 +81,8 @@ def cast_to_fp8_transpose_dbias(
     gradient when `x` is the output gradient), from the same read of x.
 
     On CPU the sums are fused into the cast: each tile row of 64 rows summed row by row in fp32, then the
-    tile rows' sums added in order, the same bits for any number of threads. On CUDA they are torch's
+    tile rows' sums added in order, the same bits for any number of threads and any FP8MP_CPU_ISA; a sum that is
+    NaN is written as the canonical +NaN (0x7FC00000). On CUDA they are torch's
     ``x.sum(0, dtype=torch.float32)`` after the cast (another order of additions).
     """
     return torch.ops.fp8mp.cast_to_fp8_transpose_dbias(x, scale, amax, fmt)

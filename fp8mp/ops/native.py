@@ -14,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import warnings
 
 import torch
 
-__all__ = ["cuda_kernels_status", "cuda_library_loaded", "cuda_kernels_available", "cpu_library_function"]
+__all__ = ["cuda_kernels_status", "cuda_library_loaded", "cuda_kernels_available", "cpu_library_function", "cpu_isa"]
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fp8mp package folder
 
@@ -116,3 +117,20 @@ def cpu_library_function(name: str, restype) -> ctypes._CFuncPtr:
     function = getattr(ctypes.CDLL(_library("_C")), name)
     function.restype = restype
     return function
+
+
+CPU_ISAS = ("avx512", "avx2", "baseline")
+
+
+def cpu_isa() -> str:
+    """The instruction set fp8mp's vectorized CPU loops (casts, norms, optimizer steps) run with in this
+    process, decided once (csrc/common/cpu_isa.h): ``"avx512"`` (x86-64-v4), ``"avx2"`` (x86-64-v3: AVX2 and
+    FMA) or ``"baseline"`` (any x86-64 CPU), the best this CPU has. The environment variable
+    FP8MP_CPU_ISA=avx512|avx2|baseline, read at the first vector loop, asks for a lower one, so that one machine
+    runs what an older CPU runs; below avx512 it also keeps the hand-written AVX-512 kernels off (the cast's, and
+    the AVX512-BF16 and AMX GEMMs: fp8_gemm then takes its fp32 path). Every level writes the same bits."""
+    asked = os.environ.get("FP8MP_CPU_ISA", "")
+    if asked and asked not in CPU_ISAS:
+        warnings.warn(f"FP8MP_CPU_ISA={asked!r} is not one of {', '.join(CPU_ISAS)}: fp8mp's CPU loops use this "
+                      "CPU's best", stacklevel=2)
+    return cpu_library_function("fp8mp_cpu_isa", ctypes.c_char_p)().decode()

@@ -19,22 +19,11 @@ import pytest
 import torch
 
 from fp8mp.ops import cpu_gemm_path
+from cpu_levels import cpu_flags, cpuinfo_value
 from gemm_reference import FP32_ACC_RTOL, summation_error_bound
 
 WORKER = Path(__file__).with_name("gemm_path_worker.py")
 ML = {"torch.float8_e4m3fn": ml_dtypes.float8_e4m3fn, "torch.float8_e5m2": ml_dtypes.float8_e5m2}
-
-
-def cpuinfo_value(key: str) -> str:
-    """The value of the first /proc/cpuinfo line for `key` ("" where there is none)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith(key):
-            return line.split(":", 1)[1].strip()
-    return ""
-
-
-def cpu_flags() -> set[str]:
-    return set(cpuinfo_value("flags").split())
 
 
 def tile_state_granted() -> bool:
@@ -73,6 +62,7 @@ def forced_env(forced: str) -> dict:
     path, _, fp32_gemm = forced.partition("+")
     env = dict(os.environ, FP8MP_CPU_GEMM=path, PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("FP8MP_CPU_FP32_GEMM", None)
+    env.pop("FP8MP_CPU_ISA", None)  # the paths this CPU runs at its best level
     if fp32_gemm:
         env["FP8MP_CPU_FP32_GEMM"] = fp32_gemm
     return env
@@ -220,8 +210,8 @@ def test_user_torch_state_changes_nothing(forced, setting):
 
 
 def test_automatic_choice_follows_bf16_matrix_units():
-    if os.environ.get("FP8MP_CPU_GEMM"):
-        pytest.skip("FP8MP_CPU_GEMM set for this process")
+    if os.environ.get("FP8MP_CPU_GEMM") or os.environ.get("FP8MP_CPU_ISA"):
+        pytest.skip("FP8MP_CPU_GEMM or FP8MP_CPU_ISA set for this process")
     assert cpu_gemm_path() == expected_path(None)
 
 

@@ -1,6 +1,6 @@
 """Runs fp8mp::adamw_step and fp8mp::lion_step over every dtype combination, sizes with tails, and inputs holding
 NaN, Inf, subnormals and every E4M3 code, and saves what they wrote (torch.save): a process per configuration of
-the CPU kernels (thread count, FP8MP_CPU_OPTIM), which test_optim_cpu_paths.py compares bit for bit.
+the CPU kernels (thread count, FP8MP_CPU_OPTIM, FP8MP_CPU_ISA; the level that ran saved as "cpu_isa"), which test_optim_cpu_paths.py compares bit for bit.
 
     python optim_bits_worker.py OUT THREADS
 """
@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+import fp8mp
 from fp8mp.ops import optim as optim_ops
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
@@ -59,6 +60,7 @@ def main(out: str, threads: int) -> None:
                                     weight_decay=0.1, seed=-numel)
             written += [t.clone() for t in (p, *states, *scales, step) if t is not None]
         results[(op, str(state_dtype), str(param_dtype), str(grad_dtype), numel)] = written
+    results["cpu_isa"] = fp8mp.ops.cpu_isa()
     torch.save(results, out)
 
 

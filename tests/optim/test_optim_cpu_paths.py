@@ -1,9 +1,9 @@
 """The CPU kernels of the fused optimizer steps write the same bits whatever runs them: any number of threads
 (the blocks of 128 elements are independent, split over the threads in chunks), and the vectorized loops
-(AVX-512, AVX2 or baseline x86-64, picked by the CPU) or the one-element-at-a-time loop that
-FP8MP_CPU_OPTIM=scalar forces; over sizes with tails (not a multiple of a vector or of a block) and inputs
+at each level of vector instructions this CPU runs (AVX-512, AVX2 or baseline x86-64: its best, and the
+lower ones FP8MP_CPU_ISA asks for) or the one-element-at-a-time loop that FP8MP_CPU_OPTIM=scalar forces; over sizes with tails (not a multiple of a vector or of a block) and inputs
 holding NaN, Inf, subnormals and every E4M3 code. Each configuration runs in its own process (the thread count
-is torch's global state, FP8MP_CPU_OPTIM is read once per process). Also: the NaN bits written, which the ops
+is torch's global state, FP8MP_CPU_OPTIM and FP8MP_CPU_ISA are read once per process). Also: the NaN bits written, which the ops
 document, and the E4M3 decode and encode of every code."""
 from __future__ import annotations
 
@@ -16,22 +16,31 @@ import pytest
 import torch
 
 from fp8mp.ops import optim as optim_ops
+from cpu_levels import best_isa_level, why_not
 
 WORKER = Path(__file__).with_name("optim_bits_worker.py")
-CONFIGS = {"1 thread": (1, None), "3 threads": (3, None), "scalar loop, 2 threads": (2, "scalar")}
+# name -> (threads, FP8MP_CPU_OPTIM, FP8MP_CPU_ISA); "1 thread" runs this CPU's best level.
+CONFIGS = {"1 thread": (1, None, None), "3 threads": (3, None, None), "scalar loop, 2 threads": (2, "scalar", None),
+           "avx512 loops, 2 threads": (2, None, "avx512"), "avx2 loops, 2 threads": (2, None, "avx2"),
+           "baseline loops, 2 threads": (2, None, "baseline")}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """name -> what the worker wrote; a level this CPU lacks is left out (its test skips, naming the features)."""
     out = {}
-    for name, (threads, optim_path) in CONFIGS.items():
+    for name, (threads, optim_path, isa) in CONFIGS.items():
+        if isa and why_not(isa):
+            continue
         path = tmp_path_factory.mktemp("optim_bits") / "out.pt"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-        env.pop("FP8MP_CPU_OPTIM", None)
-        if optim_path:
-            env["FP8MP_CPU_OPTIM"] = optim_path
+        for variable, value in (("FP8MP_CPU_OPTIM", optim_path), ("FP8MP_CPU_ISA", isa)):
+            env.pop(variable, None)
+            if value:
+                env[variable] = value
         subprocess.run([sys.executable, str(WORKER), str(path), str(threads)], env=env, check=True, timeout=600)
         out[name] = torch.load(path)
+        assert out[name].pop("cpu_isa") == (isa or best_isa_level()), name
     return out
 
 
@@ -39,8 +48,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-@pytest.mark.parametrize("other", ["3 threads", "scalar loop, 2 threads"])
+@pytest.mark.parametrize("other", [name for name in CONFIGS if name != "1 thread"])
 def test_same_bits_for_any_thread_count_and_loop(runs, other):
+    isa = CONFIGS[other][2]
+    if other not in runs:
+        pytest.skip(why_not(isa))
     base = runs["1 thread"]
     assert base.keys() == runs[other].keys()
     for case, written in base.items():
