@@ -2,8 +2,8 @@
 #   make demo   - create .venv, install pinned deps, build fp8mp, run the main example
 #   make test   - same set-up, then Catch2 (ctest), pytest in .venv (torch 2.14.1), the user
 #                 install (.ci/user_install.sh), and the same fp8mp wheel installed into fresh
-#                 venvs with other torch versions (requirements-ci-torch*.txt), where the suite
-#                 runs again
+#                 venvs with other torch versions (requirements-ci-torch*.txt), where what a torch
+#                 version can change is tested again; it prints each stage's time at its end
 #   make wheel  - dist/fp8mp-*.whl: one wheel for CPython >= 3.10 and torch >= 2.11
 #   make docs   - the user guide (docs/, Sphinx) into build/docs, warnings as errors
 #   make gpu-wheel - dist-gpu/fp8mp-*.whl: the same wheel with CUDA code for Hopper (9.0) only, what
@@ -32,15 +32,27 @@ $(shell mkdir -p $(VENV); [ "$$(cat $(MODE_FILE) 2>/dev/null)" = "$(FP8MP_CUDA)"
 
 # torch versions the wheel is also tested with, each from requirements-ci-torch<V>.txt in .venv-torch<V>.
 WHEEL_TORCHES ?= 211 212 215 213cpu
-# What those venvs run (paths under the copied tests/, pytest options): the whole suite with the oldest
-# (2.11) and newest (2.15) torch, as the stable-ABI promise needs, and with 2.12 (its dynamo differs from
-# both: it once broke the compile tests alone); the CPU build of 2.13 runs the tests of what a torch version can
-# change (the build, the ops through the stable ABI, a module on top, the layering), which keeps CI well inside
-# its 90 minutes (`make test-wheel-torch213cpu WHEEL_TESTS_213cpu=` runs all of it there).
+# What those venvs run (paths under the copied tests/, pytest options). .venv (torch 2.14.1) runs the whole
+# suite. With the oldest (2.11) and newest (2.15) torch, as the stable-ABI promise needs: everything a torch
+# version can change (the build, every op through the stable ABI, fakes, opcheck, autograd, dispatch, compile,
+# the modules, scaling, training, the integrations, the layering), less the whole-run tests that only repeat
+# those pieces at length (the examples' training runs, the fuzzer, the GPU check's dry run, the kill/resume and
+# soak runs, the memory benchmark's CLI); 2.12 (its dynamo differs from both: it once broke the compile tests
+# alone) and the CPU build of 2.13 run the build, the ops, compile and a module on top. This keeps make test
+# within 45 minutes on a 2-core machine (`make test-wheel-torch212 WHEEL_TESTS_212=` runs all of WHEEL_TESTS).
 # tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
-WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py
-WHEEL_TESTS_213cpu ?= tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
-  tests/ops/test_aliasing.py tests/ops/test_scale_update.py tests/nn/test_linear.py
+WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
+  tests/training/test_soak.py tests/test_bench_train_memory.py
+WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py \
+  $(addprefix --ignore=,$(WHOLE_RUN_TESTS))
+TORCH_API_TESTS := tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
+  tests/ops/test_aliasing.py tests/ops/test_scale_update.py tests/ops/test_fake_checks.py tests/nn/test_linear.py \
+  tests/nn/test_torch_autocast.py tests/optim/test_optimizers.py
+WHEEL_TESTS_212 ?= $(TORCH_API_TESTS) tests/nn/test_compile_gpt.py tests/nn/test_threads.py
+WHEEL_TESTS_213cpu ?= $(TORCH_API_TESTS)
+# pytest's worker processes (pytest-xdist; a file's tests stay in one worker, so its module fixtures run once).
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 # Each of those venvs holds a CUDA build of torch (~6 GB) and is removed once its tests pass, and pip keeps
 # no cache (a CUDA torch adds ~3 GB there): CI's disk once ran out at the third venv. KEEP_WHEEL_VENVS=1 keeps
 # them for a quicker rerun here.
@@ -55,7 +67,10 @@ WHEEL_STAMP := $(VENV)/.wheel-stamp
 demo: wheel
 	$(PY) examples/train_gpt.py
 
-test: test-cpp test-py docs user-install test-wheels
+# make test runs these in order, stops at the first that fails, and prints each one's time (.ci/stages).
+TEST_STAGES := test-cpp test-py docs user-install $(addprefix test-wheel-torch,$(WHEEL_TORCHES))
+test:
+	@bash .ci/stages $(TEST_STAGES)
 
 system-deps:
 	@dpkg -s catch2 cmake >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq catch2 cmake; }
@@ -89,7 +104,7 @@ test-cpp: system-deps $(DEPS_STAMP)
 	ctest --test-dir build/cmake --output-on-failure
 
 test-py: wheel
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 # The wheel in a fresh venv per torch version, the suite run from a copy of tests/ outside the
 # repo so that it imports the installed fp8mp, not the source tree.
@@ -103,7 +118,7 @@ test-wheel-torch%: wheel
 	.venv-torch$*/bin/python -m pip install -q --disable-pip-version-check $(WHEEL_DIR)/fp8mp-*.whl
 	rm -rf build/wheel-tests-$* && mkdir -p build/wheel-tests-$* && cp -r tests examples benchmarks csrc pyproject.toml build/wheel-tests-$*/
 	cd build/wheel-tests-$* && ../../.venv-torch$*/bin/python -c 'import fp8mp, torch; print("torch", torch.__version__, "|", fp8mp.cuda_kernels_status())' \
-	  && ../../.venv-torch$*/bin/python -m pytest -q -p no:cacheprovider $(or $(WHEEL_TESTS_$*),$(WHEEL_TESTS))
+	  && ../../.venv-torch$*/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(or $(WHEEL_TESTS_$*),$(WHEEL_TESTS))
 	$(if $(KEEP_WHEEL_VENVS),,rm -rf .venv-torch$* build/wheel-tests-$*)
 
 # A fresh venv, torch, the wheel (the user's path), import, quickstart, uninstall: what a user does.

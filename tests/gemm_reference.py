@@ -77,6 +77,7 @@ def summation_error_bound(a64, b64, chunk: int, pairs: bool, compensated: bool, 
     u = UNIT_ROUNDOFF_FP32
     m_rows, k = a64.shape
     n_cols = b64.shape[0]
+    chunk = min(chunk, k + k % 2)  # one chunk, of whole pairs, where K fits in one: the bound is the same
     chunks = max(1, -(-k // chunk))
     padded = chunks * chunk
     a_pad = np.zeros((m_rows, padded)); a_pad[:, :k] = a64
