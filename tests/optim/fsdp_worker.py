@@ -13,6 +13,7 @@ sharded=False):
 * "nonfinite": only rank 1's shard gets a NaN gradient; both ranks must skip the step;
 * "unaligned": a vector whose shards cannot start on a 128-element boundary: the error with E4M3 states,
   and three steps with a bf16-states param group;
+* "frozen": a frozen FP8 base (frozen_weights="fp8") and a trainable head: losses, what a rank holds;
 * "dcp": get_state_dict -> torch.distributed.checkpoint save / load -> set_state_dict into a fresh model and
   optimizer, then one more step: the same bits as going on without the round trip.
 """
@@ -205,6 +206,41 @@ def unaligned_step(sharded: bool) -> tuple[str | None, dict]:
     return error, snapshot(norm, optimizer)
 
 
+def frozen_fp8(sharded: bool) -> dict:
+    """A frozen base stored in FP8 (fp8mp.convert(frozen_weights="fp8")) under a trainable head, fully_shard on
+    the base and the root: 4 steps' losses, and what a rank holds of a frozen weight."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(DIM, HIDDEN), torch.nn.GELU(), torch.nn.Linear(HIDDEN, DIM))
+    model = torch.nn.Sequential(base, torch.nn.Linear(DIM, DIM)).bfloat16()
+    base.requires_grad_(False)
+    fp8mp.convert(model, frozen_weights="fp8")
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+        for module in (base, model):
+            fully_shard(module)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    optimizer = fp8mp.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
+    losses = []
+    for step in range(4):
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randn(GLOBAL_BATCH, DIM, generator=gen).bfloat16(), torch.randn(GLOBAL_BATCH, DIM, generator=gen)
+        rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
+        with fp8mp.fp8_autocast(fp8_group=dist.group.WORLD if sharded else None):
+            loss = ((model(x[rows]).float() - y[rows]) ** 2).sum() / y.numel()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        total = loss.detach().clone()
+        if sharded:
+            dist.all_reduce(total)
+        losses.append(total.item())
+    weight = local(base[0].weight)
+    return {"losses": losses, "held": type(weight).__name__, "held_dtype": weight.dtype,
+            "held_bytes": fp8mp.nn.fp8_frozen_weight.tensor_bytes([weight])}  # its storages' bytes
+
+
 def dcp_round_trip(directory: str) -> dict:
     """Train 2 steps, checkpoint through DCP, load into a fresh model and optimizer, step both once more."""
     import torch.distributed.checkpoint as dcp
@@ -243,6 +279,7 @@ def main(out_dir: str) -> None:
     results["train_fp32_states"] = train(torch.float32, sharded=True, state_dtype=torch.float32)
     results["nonfinite"] = nonfinite()
     results["unaligned"] = unaligned_step(sharded=True)
+    results["frozen"] = frozen_fp8(sharded=True)
     with tempfile.TemporaryDirectory() as directory:
         shared = [directory]
         dist.broadcast_object_list(shared)  # rank 0's folder: one checkpoint for both

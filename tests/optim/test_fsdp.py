@@ -153,6 +153,20 @@ def test_unaligned_fp8_blocks_are_refused_and_bf16_states_step_them(ranks):
     assert [rank["unaligned"][1]["weight"][0] for rank in ranks] == [0, 32]
 
 
+def test_frozen_fp8_weights_train_under_fully_shard_decoded(ranks):
+    """fully_shard splits a frozen Fp8FrozenWeight with ops that decode it: each rank holds its shard as a plain
+    bf16 tensor (2 bytes an element, where one process holds 1) and FSDP2 all-gathers bf16; fp8mp Linear
+    casts the gathered weight to FP8 again. Training works: losses within 1e-4 of one process's, whose GEMMs
+    take the FP8 codes as they are."""
+    want = fsdp_worker.frozen_fp8(sharded=False)
+    assert want["held"] == "Fp8FrozenWeight" and want["held_bytes"] == fsdp_worker.HIDDEN * fsdp_worker.DIM + 4
+    for rank in ranks:
+        got = rank["frozen"]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]), rtol=1e-4, atol=0)
+        assert (got["held"], got["held_dtype"]) == ("Tensor", torch.bfloat16)
+        assert got["held_bytes"] == fsdp_worker.HIDDEN // WORLD * fsdp_worker.DIM * 2
+
+
 def test_dcp_round_trip_resumes_bit_exact(ranks):
     """get_state_dict -> torch.distributed.checkpoint.save / load -> set_state_dict: the restored optimizer's
     next step writes the bits of the original's (sharded DTensor states, FP8 codes and scales included)."""
