@@ -13,6 +13,7 @@ sharded=False):
 * "nonfinite": only rank 1's shard gets a NaN gradient; both ranks must skip the step;
 * "unaligned": a vector whose shards cannot start on a 128-element boundary: the error with E4M3 states,
   and three steps with a bf16-states param group;
+* "empty_shard": a weight of one row, whose shard on rank 1 is empty;
 * "frozen": a frozen FP8 base (frozen_weights="fp8") and a trainable head: losses, what a rank holds;
 * "dcp": get_state_dict -> torch.distributed.checkpoint save / load -> set_state_dict into a fresh model and
   optimizer, then one more step: the same bits as going on without the round trip.
@@ -206,6 +207,21 @@ def unaligned_step(sharded: bool) -> tuple[str | None, dict]:
     return error, snapshot(norm, optimizer)
 
 
+def empty_shard_step(sharded: bool) -> dict:
+    """A bf16 weight of one row of 256 (over 2 ranks: rank 1's shard is empty) and E4M3 states: 3 steps on given
+    gradients, the snapshot (the empty shard steps nothing and still counts the step)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 1, bias=False).bfloat16()
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(layer)
+    optimizer = fp8mp.optim.AdamW(layer.parameters(), state_dtype=torch.float8_e4m3fn, seed=9)
+    for step in range(3):
+        set_grads(layer, global_grads(layer, step))
+        optimizer.step()
+    return snapshot(layer, optimizer)
+
+
 def frozen_fp8(sharded: bool) -> dict:
     """A frozen base stored in FP8 (fp8mp.convert(frozen_weights="fp8")) under a trainable head, fully_shard on
     the base and the root: 4 steps' losses, and what a rank holds of a frozen weight."""
@@ -280,6 +296,7 @@ def main(out_dir: str) -> None:
     results["nonfinite"] = nonfinite()
     results["unaligned"] = unaligned_step(sharded=True)
     results["frozen"] = frozen_fp8(sharded=True)
+    results["empty_shard"] = empty_shard_step(sharded=True)
     with tempfile.TemporaryDirectory() as directory:
         shared = [directory]
         dist.broadcast_object_list(shared)  # rank 0's folder: one checkpoint for both

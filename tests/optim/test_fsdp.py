@@ -153,6 +153,14 @@ def test_unaligned_fp8_blocks_are_refused_and_bf16_states_step_them(ranks):
     assert [rank["unaligned"][1]["weight"][0] for rank in ranks] == [0, 32]
 
 
+def test_an_empty_shard_steps_nothing_and_the_other_writes_the_whole(ranks):
+    whole = fsdp_worker.empty_shard_step(sharded=False)
+    layer = torch.nn.Linear(256, 1, bias=False)
+    for rank in ranks:
+        assert_shards_are_rows_of(rank["empty_shard"], whole, layer)
+    assert [rank["empty_shard"]["weight"][1].numel() for rank in ranks] == [512, 0]
+
+
 def test_frozen_fp8_weights_train_under_fully_shard_decoded(ranks):
     """fully_shard splits a frozen Fp8FrozenWeight with ops that decode it: each rank holds its shard as a plain
     bf16 tensor (2 bytes an element, where one process holds 1) and FSDP2 all-gathers bf16; fp8mp Linear
