@@ -101,12 +101,14 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
   // Fused optimizer steps, csrc/optim/: one read and one write of param, grad and states, in place. States
   // are float32, bfloat16 or float8_e4m3fn with a float32 scale per 128 elements (AdamW's exp_avg_sq then
   // holds sqrt(v)); bfloat16 and FP8 values (param and states) are rounded stochastically with bits hashed
-  // from (seed, step, element). Nothing changes when found_inf is given and nonzero; else step += 1.
+  // from (seed, step, element_offset + element): element_offset is a shard's offset in the whole tensor (a
+  // multiple of 128 with FP8 states), so a shard draws the whole tensor's bits. Nothing changes when
+  // found_inf is given and nonzero; else step += 1.
   m.def(
       "adamw_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!)? exp_avg_scale, "
       "Tensor(d!) exp_avg_sq, Tensor(e!)? exp_avg_sq_scale, Tensor(f!) step, Tensor? found_inf, float lr, "
-      "float beta1, float beta2, float eps, float weight_decay, int seed) -> ()");
+      "float beta1, float beta2, float eps, float weight_decay, int seed, int element_offset=0) -> ()");
   m.def(
       "lion_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!)? exp_avg_scale, Tensor(f!) step, "
-      "Tensor? found_inf, float lr, float beta1, float beta2, float weight_decay, int seed) -> ()");
+      "Tensor? found_inf, float lr, float beta1, float beta2, float weight_decay, int seed, int element_offset=0) -> ()");
 }

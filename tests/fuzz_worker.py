@@ -779,8 +779,9 @@ def optimizer_args(draw, lion: bool):
                 beta2=draw(st.sampled_from([0.0, 0.99] if lion else [0.0, 0.999])))
     if not lion:
         args["eps"] = draw(st.sampled_from([1e-8, 1e-3]))
-    args.update(weight_decay=draw(st.sampled_from([0.0, 0.01])), seed=draw(st.integers(-2**63, 2**63 - 1)))
-    bad_values = {"param": [args["param"].double()], "grad": [torch.zeros(numel + 1)],
+    args.update(weight_decay=draw(st.sampled_from([0.0, 0.01])), seed=draw(st.integers(-2**63, 2**63 - 1)),
+                element_offset=draw(st.sampled_from([0, 128, 2**40])))  # a shard's offset in a larger tensor
+    bad_values = {"param": [args["param"].double()], "grad": [torch.zeros(numel + 1)], "element_offset": [-128],
                   "exp_avg": [args["exp_avg"].half()], "step": [args["step"].int()],
                   "found_inf": [torch.zeros(1, dtype=torch.float64)], "lr": [-1.0, math.nan],
                   "beta1": [1.5, -0.1], "weight_decay": [math.inf]}
@@ -788,6 +789,7 @@ def optimizer_args(draw, lion: bool):
         bad_values.update(beta1=[1.0], eps=[0.0, math.inf])
     if state_dtype == torch.float8_e4m3fn:
         bad_values["exp_avg_scale"] = [None, torch.zeros(m_scale.numel() + 1)]
+        bad_values["element_offset"].append(64)  # FP8 blocks: a multiple of 128
     else:
         bad_values["exp_avg_scale"] = [torch.zeros(1)]
     return args, seen, bad_values

@@ -1,5 +1,6 @@
 #include "optim/optim_checks.h"
 
+#include <cstdint>
 #include <cmath>
 #include <vector>
 
@@ -30,7 +31,8 @@ void check_range(bool ok, const char* op, const char* name, const char* range, d
 
 optim::StepBuffers check_optimizer_step_args(const char* op, const Tensor& param, const Tensor& grad,
                                              std::initializer_list<StateArg> states, const Tensor& step,
-                                             const std::optional<Tensor>& found_inf, int64_t seed) {
+                                             const std::optional<Tensor>& found_inf, int64_t seed,
+                                             int64_t element_offset) {
   FP8MP_CHECK(param.scalar_type() == kFloat || param.scalar_type() == kBFloat16, op,
               ": argument 'param' must be float32 or bfloat16, got ", dtype_str(param.scalar_type()));
   FP8MP_CHECK(param.layout() == torch::headeronly::Layout::Strided, op, ": argument 'param' must be a strided tensor");
@@ -77,6 +79,12 @@ optim::StepBuffers check_optimizer_step_args(const char* op, const Tensor& param
     buffers.state[k] = state.data_ptr();
     ++k;
   }
+  FP8MP_CHECK_VALUE(element_offset >= 0 && element_offset <= INT64_MAX - numel, op,
+                    ": argument 'element_offset' must be >= 0 with element_offset + numel within int64, got ",
+                    element_offset);
+  FP8MP_CHECK_VALUE(state_dtype != kFloat8_e4m3fn || element_offset % optim::kStateBlock == 0, op,
+                    ": argument 'element_offset' must be a multiple of ", optim::kStateBlock,
+                    " when the states are float8_e4m3fn (their blocks are the whole tensor's), got ", element_offset);
   FP8MP_CHECK(step.scalar_type() == ScalarType::Long, op, ": argument 'step' must be a 1-element int64 tensor, got dtype ",
               dtype_str(step.scalar_type()));
   FP8MP_CHECK_VALUE(step.numel() == 1, op, ": argument 'step' must be a 1-element int64 tensor, got shape ",
@@ -117,6 +125,7 @@ optim::StepBuffers check_optimizer_step_args(const char* op, const Tensor& param
   buffers.found_inf = found_inf.has_value() ? static_cast<const float*>(found_inf->const_data_ptr()) : nullptr;
   buffers.numel = numel;
   buffers.seed = uint64_t(seed);
+  buffers.element_offset = element_offset;
   return buffers;
 }
 
@@ -124,13 +133,14 @@ OptimizerStep<optim::AdamW> check_adamw_step_args(const Tensor& param, const Ten
                                                   const std::optional<Tensor>& exp_avg_scale, const Tensor& exp_avg_sq,
                                                   const std::optional<Tensor>& exp_avg_sq_scale, const Tensor& step,
                                                   const std::optional<Tensor>& found_inf, double lr, double beta1,
-                                                  double beta2, double eps, double weight_decay, int64_t seed) {
+                                                  double beta2, double eps, double weight_decay, int64_t seed,
+                                                  int64_t element_offset) {
   constexpr const char* op = "fp8mp::adamw_step";
   const optim::StepBuffers buffers = check_optimizer_step_args(
       op, param, grad,
       {{&exp_avg, "exp_avg", &exp_avg_scale, "exp_avg_scale"},
        {&exp_avg_sq, "exp_avg_sq", &exp_avg_sq_scale, "exp_avg_sq_scale"}},
-      step, found_inf, seed);
+      step, found_inf, seed, element_offset);
   check_range(std::isfinite(lr) && lr >= 0.0, op, "lr", "finite and >= 0", lr);
   check_range(beta1 >= 0.0 && beta1 < 1.0, op, "beta1", "in [0, 1)", beta1);
   check_range(beta2 >= 0.0 && beta2 < 1.0, op, "beta2", "in [0, 1)", beta2);
@@ -142,10 +152,12 @@ OptimizerStep<optim::AdamW> check_adamw_step_args(const Tensor& param, const Ten
 OptimizerStep<optim::Lion> check_lion_step_args(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                                                 const std::optional<Tensor>& exp_avg_scale, const Tensor& step,
                                                 const std::optional<Tensor>& found_inf, double lr, double beta1,
-                                                double beta2, double weight_decay, int64_t seed) {
+                                                double beta2, double weight_decay, int64_t seed,
+                                                int64_t element_offset) {
   constexpr const char* op = "fp8mp::lion_step";
   const optim::StepBuffers buffers = check_optimizer_step_args(
-      op, param, grad, {{&exp_avg, "exp_avg", &exp_avg_scale, "exp_avg_scale"}}, step, found_inf, seed);
+      op, param, grad, {{&exp_avg, "exp_avg", &exp_avg_scale, "exp_avg_scale"}}, step, found_inf, seed,
+      element_offset);
   check_range(std::isfinite(lr) && lr >= 0.0, op, "lr", "finite and >= 0", lr);
   check_range(beta1 >= 0.0 && beta1 <= 1.0, op, "beta1", "in [0, 1]", beta1);
   check_range(beta2 >= 0.0 && beta2 <= 1.0, op, "beta2", "in [0, 1]", beta2);

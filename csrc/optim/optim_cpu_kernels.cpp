@@ -54,7 +54,7 @@ __attribute__((always_inline)) inline void step_block(const optim::StepBuffers& 
   alignas(64) float state[K][kStateBlock];  // in: the states as the rule sees them; out: as FP8 stores them
   alignas(64) uint64_t random[kStateBlock];  // element_random of the block's elements
   if constexpr (kRandom) {
-    for (int64_t j = 0; j < count; ++j) random[j] = optim::element_random(key, begin + j);
+    for (int64_t j = 0; j < count; ++j) random[j] = optim::element_random(key, b.element_offset + begin + j);
   }
   for (int k = 0; k < K; ++k) {
     if constexpr (S == StateType::E4M3) {

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(optim::StepBuffers b, ty
       for (int k = 0; k < K; ++k) scale[k] = b.state_scale[k][block];
     }
     float s[K] = {};
-    const uint64_t random = valid ? optim::element_random(key, i) : 0u;
+    const uint64_t random = valid ? optim::element_random(key, b.element_offset + i) : 0u;
     if (valid) {
       for (int k = 0; k < K; ++k) s[k] = optim::load_state<S>(b.state[k], i, scale[k], Rule::sqrt_domain(k));
       const float p = Rule::update(c, optim::load_float(grad, i), optim::load_float(param, i), s);

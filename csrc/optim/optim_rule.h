@@ -8,7 +8,8 @@
 //     kStateBlock contiguous elements (absmax / 448, stochastic rounding); a rule may keep a state in the
 //     square-root domain when it is FP8 (AdamW's second moment: sqrt(v) has the range of m, v twice that);
 //   * the counter-based random bits of stochastic rounding: a splitmix64-style hash of
-//     (seed, step, element index), so a resumed run draws the same bits;
+//     (seed, step, global element index), so a resumed run draws the same bits, and a shard of the tensor
+//     (StepBuffers::element_offset) those of the whole;
 //   * the NaN bits written, whatever NaN the arithmetic left (x86 and NVIDIA differ, and so do operand orders
 //     that a compiler may swap): float32 0x7FC00000 (nan_keeping_scale.h's canonical NaN), bfloat16 0x7FC0,
 //     E4M3 code 0x7F.
@@ -266,6 +267,10 @@ struct StepBuffers {
   const float* found_inf;
   int64_t numel;
   uint64_t seed;
+  // The global index of element 0 (a shard's offset in the whole tensor): the random bits of element i are
+  // element_random(key, element_offset + i), so a sharded step draws the bits of the unsharded one. A multiple
+  // of kStateBlock when the states are E4M3, so that the blocks are the whole tensor's.
+  int64_t element_offset;
 };
 
 }  // namespace fp8mp::optim

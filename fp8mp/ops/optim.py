@@ -10,8 +10,12 @@ parameter, gradient and states once and writing them once:
   freeze under nearest rounding); AdamW's ``exp_avg_sq`` in FP8 holds ``sqrt(v)`` (its range is m's, v's is
   twice that). benchmarks/sqnr_optimizer_states.py measured both choices against an fp64 AdamW;
 * a bfloat16 parameter is rounded stochastically with 16 random bits per element hashed from
-  ``(seed, step, element index)``, the same on CPU and CUDA and after a resume; a float32 parameter is
-  written with the update rounded once per operation (no stochastic rounding);
+  ``(seed, step, element_offset + element index)``, the same on CPU and CUDA and after a resume; a float32
+  parameter is written with the update rounded once per operation (no stochastic rounding);
+* ``element_offset`` (default 0) is the index of the tensor's first element in a larger one it is a shard of
+  (FSDP2's dim-0 shards; fp8mp/optim/sharding.py): the shard then draws the random bits of the same
+  elements of the whole tensor, and with FP8 states, where it must be a multiple of :data:`STATE_BLOCK`, its
+  blocks are the whole tensor's, so a step of the shards writes the bits of the step of the whole;
 * ``step`` (1-element int64 on the parameter's device) is the count of steps taken, incremented by the op;
   the bias corrections use it, so it is the stochastic-rounding counter too;
 * ``found_inf`` (optional 1-element float32 on the device): when nonzero nothing at all is written, not even
@@ -54,7 +58,7 @@ def _check_contiguous(t, op, name) -> None:
     _require(t.is_contiguous(), RuntimeError, f"{op}: argument '{name}' must be contiguous")
 
 
-def _check_step_buffers(op, param, grad, states, step, found_inf) -> None:
+def _check_step_buffers(op, param, grad, states, step, found_inf, element_offset) -> None:
     """optim_checks.cpp's check_optimizer_step_args; `states` is [(state, name, scale, scale_name)]."""
     _require(param.dtype in PARAM_DTYPES, RuntimeError,
              f"{op}: argument 'param' must be float32 or bfloat16, got {dtype_name(param.dtype)}")
@@ -91,6 +95,12 @@ def _check_step_buffers(op, param, grad, states, step, found_inf) -> None:
         else:
             _require(scale is None, ValueError,
                      f"{op}: argument '{scale_name}' must be None when '{name}' is {dtype_name(state.dtype)}")
+    _require(0 <= element_offset <= 2**63 - 1 - param.numel(), ValueError,
+             f"{op}: argument 'element_offset' must be >= 0 with element_offset + numel within int64, "
+             f"got {element_offset}")
+    _require(first_dtype != torch.float8_e4m3fn or element_offset % STATE_BLOCK == 0, ValueError,
+             f"{op}: argument 'element_offset' must be a multiple of {STATE_BLOCK} when the states are "
+             f"float8_e4m3fn (their blocks are the whole tensor's), got {element_offset}")
     _require(step.dtype == torch.int64, RuntimeError,
              f"{op}: argument 'step' must be a 1-element int64 tensor, got dtype {dtype_name(step.dtype)}")
     _require(step.numel() == 1, ValueError, f"{op}: argument 'step' must be a 1-element int64 tensor, got shape {sizes(step)}")
@@ -127,11 +137,11 @@ def _finite(x: float) -> bool:
 
 
 def check_adamw_step_args(param, grad, exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, step, found_inf, lr,
-                          beta1, beta2, eps, weight_decay, seed) -> None:
+                          beta1, beta2, eps, weight_decay, seed, element_offset=0) -> None:
     op = "fp8mp::adamw_step"
     _check_step_buffers(op, param, grad, [(exp_avg, "exp_avg", exp_avg_scale, "exp_avg_scale"),
                                           (exp_avg_sq, "exp_avg_sq", exp_avg_sq_scale, "exp_avg_sq_scale")],
-                        step, found_inf)
+                        step, found_inf, element_offset)
     _check_range(_finite(lr) and lr >= 0, op, "lr", "finite and >= 0", lr)
     _check_range(0 <= beta1 < 1, op, "beta1", "in [0, 1)", beta1)
     _check_range(0 <= beta2 < 1, op, "beta2", "in [0, 1)", beta2)
@@ -140,9 +150,10 @@ def check_adamw_step_args(param, grad, exp_avg, exp_avg_scale, exp_avg_sq, exp_a
 
 
 def check_lion_step_args(param, grad, exp_avg, exp_avg_scale, step, found_inf, lr, beta1, beta2, weight_decay,
-                         seed) -> None:
+                         seed, element_offset=0) -> None:
     op = "fp8mp::lion_step"
-    _check_step_buffers(op, param, grad, [(exp_avg, "exp_avg", exp_avg_scale, "exp_avg_scale")], step, found_inf)
+    _check_step_buffers(op, param, grad, [(exp_avg, "exp_avg", exp_avg_scale, "exp_avg_scale")], step, found_inf,
+                        element_offset)
     _check_range(_finite(lr) and lr >= 0, op, "lr", "finite and >= 0", lr)
     _check_range(0 <= beta1 <= 1, op, "beta1", "in [0, 1]", beta1)
     _check_range(0 <= beta2 <= 1, op, "beta2", "in [0, 1]", beta2)
@@ -164,7 +175,7 @@ def _lion_step_fake(*args):
 def adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_scale: torch.Tensor | None,
                exp_avg_sq: torch.Tensor, exp_avg_sq_scale: torch.Tensor | None, step: torch.Tensor,
                found_inf: torch.Tensor | None, *, lr: float, beta1: float, beta2: float, eps: float,
-               weight_decay: float, seed: int) -> None:
+               weight_decay: float, seed: int, element_offset: int = 0) -> None:
     """One AdamW step (decoupled weight decay, torch.optim.AdamW's formula) of one parameter, in place.
 
     With t = step + 1: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
@@ -182,21 +193,23 @@ def adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
         found_inf: None or a 1-element float32: nonzero skips the step entirely.
         lr, beta1, beta2, eps, weight_decay: lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0.
         seed: the stochastic-rounding stream of this parameter (any int64).
+        element_offset: the index of param's first element in the whole tensor it is a shard of (>= 0, a
+            multiple of 128 with FP8 states); 0 for a whole tensor.
 
     All tensors are on param's device; the written ones share no memory with any other argument.
     """
     torch.ops.fp8mp.adamw_step(param, grad, exp_avg, exp_avg_scale, exp_avg_sq, exp_avg_sq_scale, step, found_inf,
-                               lr, beta1, beta2, eps, weight_decay, seed)
+                               lr, beta1, beta2, eps, weight_decay, seed, element_offset)
 
 
 @raising_value_errors
 def lion_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_scale: torch.Tensor | None,
               step: torch.Tensor, found_inf: torch.Tensor | None, *, lr: float, beta1: float, beta2: float,
-              weight_decay: float, seed: int) -> None:
+              weight_decay: float, seed: int, element_offset: int = 0) -> None:
     """One Lion step (Chen et al. 2023, decoupled weight decay) of one parameter, in place.
 
     ``p = p (1 - lr wd) - lr sign(b1 m + (1 - b1) g)``, ``m = b2 m + (1 - b2) g``, then ``step += 1``.
     Arguments as :func:`adamw_step` (betas in [0, 1]); exp_avg is the momentum m.
     """
     torch.ops.fp8mp.lion_step(param, grad, exp_avg, exp_avg_scale, step, found_inf, lr, beta1, beta2, weight_decay,
-                              seed)
+                              seed, element_offset)

@@ -35,8 +35,9 @@ class Lion(FusedOptimizer):
             if not ok:
                 raise ValueError(f"Lion: argument '{name}' is out of range: {value}")
 
-    def _step_parameter(self, group, p, grad, state, found_inf):
+    def _step_parameter(self, group, p, grad, state, found_inf, element_offset):
         beta1, beta2 = group["betas"]
         optim_ops.lion_step(p, grad, state["exp_avg"], self._scale(state, "exp_avg"), state["step"], found_inf,
                             lr=self._float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
-                            weight_decay=float(group["weight_decay"]), seed=int(state["seed"]))
+                            weight_decay=float(group["weight_decay"]), seed=int(state["seed"]),
+                            element_offset=element_offset)

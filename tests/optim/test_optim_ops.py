@@ -275,6 +275,85 @@ def test_opcheck(op, state_dtype, param_dtype, grad_dtype, found_inf):
                       op_args(op, param_dtype, grad_dtype, state_dtype, found_inf))
 
 
+@pytest.mark.parametrize("op", ["adamw", "lion"])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_opcheck_with_element_offset(op, state_dtype):
+    args = op_args(op, torch.bfloat16, torch.bfloat16, state_dtype, True)
+    opcheck_fp8_aware(getattr(torch.ops.fp8mp, f"{op}_step").default, args + (3 * 128,))
+
+
+# ------------------------------------------------------------------------------ shards of a larger tensor
+
+
+def step_shards(op, whole_args, cuts, steps=3):
+    """Step `whole_args` (op_args' tuple) as a whole and, on copies, as the shards [cuts[i], cuts[i+1]) of its
+    elements, each with its element_offset; returns both results' tensors as bytes, shards concatenated."""
+    fn = getattr(torch.ops.fp8mp, f"{op}_step")
+    whole = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in whole_args)
+    tensors = [i for i, a in enumerate(whole) if isinstance(a, torch.Tensor)]
+    for _ in range(steps):
+        fn(*whole)
+    shard_results = []
+    for start, stop in zip(cuts, cuts[1:]):
+        shard = []
+        for i, a in enumerate(whole_args):
+            if isinstance(a, torch.Tensor) and a.numel() == whole_args[0].numel():
+                shard.append(a[start:stop].clone())
+            elif isinstance(a, torch.Tensor) and a.dim() == 1 and a.numel() > 1:  # FP8 scales: the shard's blocks
+                shard.append(a[start // 128:(stop + 127) // 128].clone())
+            else:
+                shard.append(a.clone() if isinstance(a, torch.Tensor) else a)
+        for _ in range(steps):
+            fn(*shard, start)
+        shard_results.append(shard)
+    got = {i: [s[i] for s in shard_results] for i in tensors}
+    return [(whole[i].view(torch.uint8).reshape(-1),
+             torch.cat([t.view(torch.uint8).reshape(-1) for t in got[i]]) if whole[i].numel() > 1
+             else got[i][0].view(torch.uint8).reshape(-1)) for i in tensors]
+
+
+@pytest.mark.parametrize("op", ["adamw", "lion"])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_shards_with_their_offsets_write_the_whole_tensors_bits(op, state_dtype):
+    """bf16 parameter (rounded stochastically): three steps of three shards, each given its offset in the whole,
+    leave exactly the bytes of three steps of the whole (parameter, states, FP8 scales, step); the last shard
+    holds the whole tensor's short block."""
+    args = op_args(op, torch.bfloat16, torch.float32, state_dtype, True, numel=1000)
+    for want, got in step_shards(op, args, [0, 384, 768, 1000]):
+        assert torch.equal(want, got)
+
+
+def test_offsets_key_the_random_bits():
+    """The same shard stepped at two offsets rounds differently (the offset is part of the hash)."""
+    args = op_args("adamw", torch.bfloat16, torch.float32, torch.float32, False, numel=4096)
+    p0, p1 = args[0].clone(), args[0].clone()
+    rest = [a.clone() if isinstance(a, torch.Tensor) else a for a in args[1:]]
+    rest2 = [a.clone() if isinstance(a, torch.Tensor) else a for a in args[1:]]
+    torch.ops.fp8mp.adamw_step(p0, *rest, 0)
+    torch.ops.fp8mp.adamw_step(p1, *rest2, 4096)
+    assert not torch.equal(p0.view(torch.int16), p1.view(torch.int16))
+
+
+@pytest.mark.parametrize("state_dtype,offset,words", [
+    (torch.float8_e4m3fn, 64, "'element_offset' must be a multiple of 128 when the states are float8_e4m3fn"),
+    (torch.float32, -1, "'element_offset' must be >= 0"),
+    (torch.bfloat16, 2**63 - 100, "element_offset + numel within int64")])
+def test_element_offset_errors_name_it_and_fake_agrees(state_dtype, offset, words):
+    def call(device):
+        a = op_args("lion", torch.float32, torch.float32, state_dtype, False)
+        optim_ops.lion_step(*a[:6], lr=a[6], beta1=a[7], beta2=a[8], weight_decay=a[9], seed=a[10],
+                            element_offset=offset)
+
+    cpu = error_of(call, "cpu")
+    assert cpu[0] is ValueError and words in cpu[1] and cpu[1].startswith("fp8mp::lion_step: argument")
+    assert error_of(call, "fake") == cpu
+
+
+def test_any_offset_without_fp8_states():
+    """float32 and bfloat16 states have no blocks: an offset that is not a multiple of 128 is fine."""
+    torch.ops.fp8mp.adamw_step(*op_args("adamw", torch.bfloat16, torch.float32, torch.bfloat16, False), 32)
+
+
 def bad_adamw_calls():
     """(description, mutation of the valid argument tuple, expected error type, words the message must hold)."""
     def with_arg(i, value):
@@ -329,8 +408,8 @@ def test_cuda_writes_the_cpus_bits(op, state_dtype, param_dtype):
     cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in cpu_args)
     fn = getattr(torch.ops.fp8mp, f"{op}_step")
     for _ in range(3):
-        fn(*cpu_args)
-        fn(*cuda_args)
+        fn(*cpu_args, 256)  # a shard's offset: the random bits of elements 256...
+        fn(*cuda_args, 256)
     for a, b in zip(cpu_args, cuda_args):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))

@@ -171,6 +171,39 @@ def test_a_state_dict_of_another_state_dtype_is_refused():
         other.load_state_dict(opt.state_dict())
 
 
+def test_a_param_group_may_set_its_own_state_dtype():
+    """Weights in E4M3, biases in bf16 (a group's 'state_dtype'): each group's states are its own, and the
+    optimizer steps them as two optimizers of those state dtypes would, bit for bit; the state_dict round trip
+    keeps them."""
+    model, reference = tiny_model(), tiny_model()
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    biases = [p for p in model.parameters() if p.dim() == 1]
+    opt = AdamW([{"params": weights}, {"params": biases, "state_dtype": torch.bfloat16}], lr=3e-3, seed=42)
+    ref_weights = AdamW([p for p in reference.parameters() if p.dim() == 2], lr=3e-3, seed=42)
+    ref_biases = AdamW([p for p in reference.parameters() if p.dim() == 1], lr=3e-3, seed=42 + len(weights),
+                       state_dtype=torch.bfloat16)
+    train(model, opt, 3)
+    for i in range(3):  # the same batches, one optimizer per state dtype
+        gen = torch.Generator().manual_seed(i)
+        x, y = torch.randn(16, 48, generator=gen).bfloat16(), torch.randn(16, 8, generator=gen).bfloat16()
+        for o in (ref_weights, ref_biases):
+            o.zero_grad()
+        torch.nn.functional.mse_loss(reference(x).float(), y.float()).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        ref_weights.step()
+        ref_biases.step()
+    assert {opt.state[p]["exp_avg"].dtype for p in biases} == {torch.bfloat16}
+    assert {opt.state[p]["exp_avg"].dtype for p in weights} == {torch.float8_e4m3fn}
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(bits(p), bits(q))
+    restored = AdamW([{"params": weights}, {"params": biases, "state_dtype": torch.bfloat16}], lr=3e-3, seed=42)
+    restored.load_state_dict(opt.state_dict())
+    for p in model.parameters():
+        assert all(torch.equal(bits(opt.state[p][k]), bits(v)) for k, v in restored.state[p].items())
+    with pytest.raises(ValueError, match="a param group's 'state_dtype' must be one of"):
+        AdamW([{"params": biases, "state_dtype": torch.float16}])
+
+
 def test_loss_scaler_steps_it_and_skips_overflow():
     model = tiny_model(torch.float32)
     opt = AdamW(model.parameters())
