@@ -20,6 +20,7 @@ import torch.nn.functional as F
 __all__ = ["chunked_linear_cross_entropy", "default_chunk_tokens"]
 
 _CHUNK_LOGIT_BYTES = 64 * 2**20  # the default chunk's fp32 logits: 64 MiB
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 def default_chunk_tokens(vocab: int) -> int:
@@ -31,15 +32,25 @@ def _chunks(n: int, size: int):
     return ((start, min(start + size, n)) for start in range(0, n, size))
 
 
+def _loss_dtype(x: torch.Tensor) -> torch.dtype:
+    """fp32 for the softmax and the loss, fp64 for fp64 inputs (``.float()`` would round those down)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A chunk's logits as ``F.linear(x, weight).float()`` computes them (fp64 kept in fp64)."""
+    return F.linear(x, weight).to(_loss_dtype(x))
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, target, chunk, ignore_index, mean):
         valid = target != ignore_index
         safe_target = torch.where(valid, target, torch.zeros((), dtype=target.dtype, device=target.device))
-        lse = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        lse = torch.empty(x.shape[0], dtype=_loss_dtype(x), device=x.device)
+        total = torch.zeros((), dtype=_loss_dtype(x), device=x.device)
         for start, end in _chunks(x.shape[0], chunk):
-            logits = F.linear(x[start:end], weight).float()
+            logits = _logits(x[start:end], weight)
             lse[start:end] = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, safe_target[start:end, None]).squeeze(1)
             losses = torch.where(valid[start:end], lse[start:end] - picked, torch.zeros((), device=x.device))
@@ -52,22 +63,22 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         x, weight, safe_target, valid, lse, count = ctx.saved_tensors
-        scale = grad_loss.float() / count if ctx.mean else grad_loss.float()
+        scale = grad_loss.to(lse.dtype) / count if ctx.mean else grad_loss.to(lse.dtype)
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.empty_like(x) if want_x else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_w else None
         for start, end in _chunks(x.shape[0], ctx.chunk):
             x_c = x[start:end]
-            probs = (F.linear(x_c, weight).float() - lse[start:end, None]).exp_()
+            probs = (_logits(x_c, weight) - lse[start:end, None]).exp_()
             rows = torch.arange(end - start, device=x.device)
             probs[rows, safe_target[start:end]] -= 1.0
-            probs *= (valid[start:end].float() * scale)[:, None]
+            probs *= (valid[start:end].to(lse.dtype) * scale)[:, None]
             grad_logits = probs.to(x.dtype)
             del probs
             if want_x:
                 grad_x[start:end] = grad_logits @ weight
             if want_w:
-                grad_w += (grad_logits.t() @ x_c).float()
+                grad_w += grad_logits.t() @ x_c
         return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
@@ -79,7 +90,7 @@ def chunked_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
     [tokens, vocab] logits.
 
     Args:
-        x: [..., hidden] float32 or bfloat16 (under torch.autocast, x and weight are cast to its dtype first, as
+        x: [..., hidden] bfloat16, float16, float32 or float64 (under torch.autocast, x and weight are cast to its dtype first, as
             F.linear would be).
         weight: [vocab, hidden], x's dtype (the LM head's weight; no bias).
         target: integer class indices of x's leading shape; `ignore_index` marks tokens without a loss.
@@ -87,8 +98,9 @@ def chunked_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
         chunk_tokens: tokens per chunk (default: default_chunk_tokens(vocab), 64 MiB of fp32 logits a chunk).
     """
     name = "fp8mp.nn.chunked_linear_cross_entropy"
-    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"{name}: argument 'x' must be a float32 or bfloat16 tensor of shape [..., hidden]")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.dtype not in _DTYPES:
+        raise TypeError(f"{name}: argument 'x' must be a bfloat16, float16, float32 or float64 tensor of shape "
+                        "[..., hidden]")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"{name}: argument 'weight' must be [vocab, {x.shape[-1]}] (x's hidden size), "
                          f"got {list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")

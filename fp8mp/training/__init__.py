@@ -3,7 +3,7 @@ fallback, the numerics monitor (and its plots), Trainer and its config. May impo
 from fp8mp.training import fallback, loss_scaler, master_weight_optimizer, monitor
 from fp8mp.training.loss_scaler import LossScaler
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
-from fp8mp.training.step_in_backward import StepInBackward, step_in_backward
+from fp8mp.training.in_backward_step import StepInBackward, step_in_backward
 from fp8mp.training.trainer import Trainer
 from fp8mp.training.trainer_config import TrainerConfig
 

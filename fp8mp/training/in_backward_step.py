@@ -168,7 +168,7 @@ class StepInBackward:
 
 
 def step_in_backward(optimizer: FusedOptimizer, scaler=None, verify: bool | None = None) -> StepInBackward:
-    """Step `optimizer`'s parameters in backward (fp8mp/training/step_in_backward.py): returns the handle whose
+    """Step `optimizer`'s parameters in backward (fp8mp/training/in_backward_step.py): returns the handle whose
     `backward(loss)` replaces ``loss.backward(); scaler.step(optimizer); optimizer.zero_grad()``.
 
     scaler: an fp8mp.LossScaler (its scale, unscale and Inf/NaN checks, FP8 casts included); call its
