@@ -10,7 +10,8 @@ to form the softmax gradient: saved for backward are x, the targets and the log-
 The logits are computed as F.linear computes them (the GEMM in x's dtype, then .float()), the softmax
 and its gradient in fp32; the gradient of the logits is rounded to x's dtype for the two backward GEMMs, as
 autograd does for ``F.linear(x, w).float()``; the weight gradient of the chunks is summed in fp32 and rounded
-to the weight's dtype once. The head runs in high precision (bf16 or fp32): an FP8 head is not chunked.
+to the weight's dtype once (for a bf16 weight that sum is a transient of 4 bytes x vocab x hidden during the
+loss's backward; each chunk's product is added into it in place). The head runs in high precision (bf16 or fp32): an FP8 head is not chunked.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ import torch.nn.functional as F
 
 __all__ = ["chunked_linear_cross_entropy", "default_chunk_tokens"]
 
-_CHUNK_LOGIT_BYTES = 64 * 2**20  # the default chunk's fp32 logits: 64 MiB
+_CHUNK_LOGIT_BYTES = 16 * 2**20  # the default chunk's fp32 logits: 16 MiB
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 def default_chunk_tokens(vocab: int) -> int:
-    """Tokens per chunk when none is given: as many as keep a chunk's fp32 logits within 64 MiB."""
+    """Tokens per chunk when none is given: as many as keep a chunk's fp32 logits within 16 MiB."""
     return max(1, _CHUNK_LOGIT_BYTES // (4 * vocab))
 
 
@@ -66,7 +67,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         scale = grad_loss.to(lse.dtype) / count if ctx.mean else grad_loss.to(lse.dtype)
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.empty_like(x) if want_x else None
-        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_w else None
+        several = x.shape[0] > ctx.chunk
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_w and several else None
         for start, end in _chunks(x.shape[0], ctx.chunk):
             x_c = x[start:end]
             probs = (_logits(x_c, weight) - lse[start:end, None]).exp_()
@@ -74,11 +76,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             probs[rows, safe_target[start:end]] -= 1.0
             probs *= (valid[start:end].to(lse.dtype) * scale)[:, None]
             grad_logits = probs.to(x.dtype)
-            del probs
             if want_x:
                 grad_x[start:end] = grad_logits @ weight
-            if want_w:
-                grad_w += grad_logits.t() @ x_c
+            if want_w and grad_w is None:  # one chunk: the GEMM of the unchunked backward
+                grad_w = grad_logits.t() @ x_c
+            elif want_w:  # summed in place in fp32, from the rounded gradient (the operand of the unchunked GEMM)
+                grad_w.addmm_(probs.copy_(grad_logits).t(), x_c.to(grad_w.dtype))
+            del probs, grad_logits
         return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
@@ -95,7 +99,7 @@ def chunked_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
         weight: [vocab, hidden], x's dtype (the LM head's weight; no bias).
         target: integer class indices of x's leading shape; `ignore_index` marks tokens without a loss.
         reduction: "mean" (over the tokens not ignored: NaN when all are, as F.cross_entropy) or "sum".
-        chunk_tokens: tokens per chunk (default: default_chunk_tokens(vocab), 64 MiB of fp32 logits a chunk).
+        chunk_tokens: tokens per chunk (default: default_chunk_tokens(vocab), 16 MiB of fp32 logits a chunk).
     """
     name = "fp8mp.nn.chunked_linear_cross_entropy"
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.dtype not in _DTYPES:

@@ -38,12 +38,13 @@ def max_error(a, b):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_loss_and_gradients_match_fp64_as_closely_as_the_unchunked_loss(dtype, reduction):
+@pytest.mark.parametrize("chunk_tokens", [16, TOKENS])  # several chunks, and one
+def test_loss_and_gradients_match_fp64_as_closely_as_the_unchunked_loss(dtype, reduction, chunk_tokens):
     x, w, y = data(dtype)
     exact = loss_and_grads(reference(reduction), x, w, y, torch.float64)
     library = loss_and_grads(reference(reduction), x, w, y)
     chunked = loss_and_grads(lambda a, b, c: chunked_linear_cross_entropy(a, b, c, reduction=reduction,
-                                                                          chunk_tokens=16), x, w, y)
+                                                                          chunk_tokens=chunk_tokens), x, w, y)
     eps = torch.finfo(dtype).eps
     # the chunked result is within a few roundings of fp64, as the library's unchunked path is
     assert max_error(chunked, exact) <= max(4 * max_error(library, exact), 8 * eps)
