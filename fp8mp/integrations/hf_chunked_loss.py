@@ -1,4 +1,4 @@
-"""A Hugging Face causal LM whose loss never holds the [tokens, vocab] logits: one line.
+"""A Hugging Face causal LM whose loss never holds the [tokens, vocab] logits, in one line::
 
     import fp8mp.integrations.hf as fp8_hf
     fp8_hf.use_chunked_loss(model)          # model(input_ids=..., labels=...).loss as before

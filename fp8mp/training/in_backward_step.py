@@ -1,6 +1,6 @@
 """`step_in_backward(optimizer)`: fp8mp.optim.AdamW / Lion step each parameter as soon as its gradient is
 accumulated in backward, and free that gradient at once, so that no full gradient buffer lives (2 bytes a
-parameter with bf16 parameters, 4 with fp32 ones).
+parameter with bf16 parameters, 4 with fp32 ones)::
 
     stepper = fp8mp.step_in_backward(optimizer, scaler=scaler)     # scaler optional
     for batch in loader:
