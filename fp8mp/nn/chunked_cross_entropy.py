@@ -2,7 +2,7 @@
 [tokens, vocab] logits, neither in forward nor for backward.
 
 ``F.cross_entropy(F.linear(x, w).float(), y)`` keeps the fp32 log-softmax of every token for backward
-(4 bytes x tokens x vocab: 31 MiB for 4 x 256 tokens of an 8192-word vocabulary, the largest single saved
+(4 bytes x tokens x vocab: 32 MiB for 4 x 256 tokens of an 8192-word vocabulary, the largest single saved
 tensor of a small LM). Here forward computes the logits a chunk of tokens at a time, keeps only each token's
 log-sum-exp (4 bytes a token), and backward computes each chunk's logits again (one more GEMM of the head)
 to form the softmax gradient: saved for backward are x, the targets and the log-sum-exps.
