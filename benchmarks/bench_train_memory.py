@@ -6,7 +6,8 @@ a GPU, torch.cuda.max_memory_allocated) is its own. Every tensor is counted once
 views and a tensor subclass's inner tensors included), in the first category that holds it:
 
   params + buffers        the model's parameters and buffers (FP8 scaling state included)
-  grads                   the parameters' .grad after backward
+  grads                   the parameters' .grad after backward (with the step in backward, where no .grad is left:
+                          the most bytes of .grad held at once during backward)
   optimizer state         every tensor in optimizer.state after the step (moments, block scales, step counters)
   saved for backward      what autograd saved during the forward (torch.autograd.graph.saved_tensors_hooks), less
                           parameters and buffers: activations, FP8 copies of inputs and weights, norm statistics
@@ -17,7 +18,9 @@ the total (training state + saved for backward) against BF16 AMP's in the same t
 Runs (RUNS): FP32; BF16 AMP (fp32 parameters, torch.autocast(bfloat16), torch.optim.AdamW); fp8mp compute-only
 (the same with fp8mp's Linear layers under fp8mp.fp8_autocast); fp8mp memory-lean (model.to(torch.bfloat16): bf16
 nn.Parameters, fp8mp's Linear layers under fp8_autocast, fp8mp.optim.AdamW with FP8 states and stochastically
-rounded bf16 parameters, the norms and activation functions saving for backward in FP8); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
+rounded bf16 parameters, the norms and activation functions saving for backward in FP8); the same with the LM head
+and loss chunked (fp8mp.integrations.hf.use_chunked_loss: the Llama only), and with the optimizer step in backward
+too (fp8mp.step_in_backward); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
 AdamWFp8, AdamW8bit, and bf16 parameters with its bf16 stochastic-rounding AdamW (torchao.optim._AdamW). The peers
 keep bf16 parameters where the fp8mp memory-lean run does, and round them stochastically as it does. A run that
 cannot run here gets a row that says why.
@@ -70,6 +73,8 @@ class Run:
     fp8: str | None = None  # "fp8mp" (fp8mp.convert, fp8_autocast) or "torchao" (convert_to_float8_training)
     optimizer: str = "torch AdamW"  # a key of OPTIMIZERS
     fp8_saved_activations: bool = False  # fp8mp.convert(..., fp8_saved_activations=True): norms, activations in FP8
+    step_in_backward: bool = False  # fp8mp.step_in_backward(optimizer): each parameter steps as its gradient is ready
+    chunked_loss: bool = False  # fp8mp.integrations.hf.use_chunked_loss(model): no [tokens, vocab] fp32 logits
 
 
 RUNS = [
@@ -78,6 +83,10 @@ RUNS = [
     Run("fp8mp compute-only", autocast=True, fp8="fp8mp"),
     Run("fp8mp memory-lean", param_dtype=torch.bfloat16, fp8="fp8mp", optimizer="fp8mp AdamW FP8",
         fp8_saved_activations=True),
+    Run("fp8mp memory-lean + chunked loss", param_dtype=torch.bfloat16, fp8="fp8mp", optimizer="fp8mp AdamW FP8",
+        fp8_saved_activations=True, chunked_loss=True),
+    Run("fp8mp memory-lean + step in backward + chunked loss", param_dtype=torch.bfloat16, fp8="fp8mp",
+        optimizer="fp8mp AdamW FP8", fp8_saved_activations=True, step_in_backward=True, chunked_loss=True),
     Run("torchao Float8 + AdamWFp8", param_dtype=torch.bfloat16, fp8="torchao", optimizer="torchao AdamWFp8"),
     Run("torchao AdamW8bit", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao AdamW8bit"),
     Run("torchao bf16 SR AdamW", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao bf16 SR AdamW"),
@@ -248,7 +257,18 @@ def measure(model_key: str, run: Run, quick: bool, device: str) -> dict:
     if run.fp8 is not None:
         model = to_fp8(model, run, device)
     model = model.to(device=device, dtype=run.param_dtype)
+    if run.chunked_loss:
+        if model_key != "llama":
+            raise RunUnavailable("the chunked loss is wired for Hugging Face causal LMs (use_chunked_loss)")
+        import fp8mp.integrations.hf
+
+        fp8mp.integrations.hf.use_chunked_loss(model)
     optimizer = OPTIMIZERS[run.optimizer](model.parameters())
+    stepper = None
+    if run.step_in_backward:
+        import fp8mp
+
+        stepper = fp8mp.step_in_backward(optimizer)
     vocab = spec.config.get("vocab_size", 256)
     ids = torch.randint(vocab, (spec.batch, spec.seq), generator=torch.Generator().manual_seed(1)).to(device)
     if device == "cuda":
@@ -264,10 +284,14 @@ def measure(model_key: str, run: Run, quick: bool, device: str) -> dict:
             counter.add("saved", t)
     del saved
     counter.forget("saved")  # backward frees them
-    loss.backward()
-    optimizer.step()
-    for p in model.parameters():
-        counter.add("grads", p.grad)
+    if stepper is None:
+        loss.backward()
+        optimizer.step()
+        for p in model.parameters():
+            counter.add("grads", p.grad)
+    else:  # no .grad is left: the most gradient bytes held at once during backward
+        stepper.backward(loss)
+        counter.bytes["grads"] += stepper.peak_grad_bytes
     for state in optimizer.state.values():
         for value in state.values():
             counter.add("optimizer", value)

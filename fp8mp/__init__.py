@@ -18,7 +18,7 @@ from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_t
                        update_amax_history_and_scale)
 from fp8mp.scaling import distributed, recipe
 from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
-from fp8mp.training import LossScaler, Trainer, TrainerConfig, fallback, monitor
+from fp8mp.training import LossScaler, Trainer, TrainerConfig, fallback, monitor, step_in_backward
 from fp8mp.training import loss_scaler as amp
 from fp8mp import optim
 from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer as _MasterWeightOptimizer
@@ -26,6 +26,7 @@ from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer as _Mas
 # fp8mp.optim is the fused optimizers' layer; `fp8mp.optim.MasterWeightOptimizer` (it lives in the
 # training layer, which fp8mp.optim may not import) is kept there for code written before.
 optim.MasterWeightOptimizer = _MasterWeightOptimizer
+optim.step_in_backward = step_in_backward  # the same: it lives in the training layer (it uses LossScaler's checks)
 
 # Short public module paths: `fp8mp.recipe`, `fp8mp.monitor` and `fp8mp.fallback` are the documented
 # names of modules that live in their layers; `fp8mp.amp` and `fp8mp.distributed` are
@@ -55,6 +56,7 @@ __all__ = [
     "load_state_dict",
     "amp",
     "LossScaler",
+    "step_in_backward",
     "fp8_model_init",
     "optim",
     "fallback",

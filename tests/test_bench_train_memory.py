@@ -130,3 +130,20 @@ def test_quick_cli_prints_the_table_with_the_goals_and_records_json(tmp_path, ca
     assert lean["peak_rss_mib"] >= lean["rss_at_start_mib"] > 0  # measured in its own process
     step = figures["optimizer_step"][0]
     assert step["params_numel"] == amp["params_numel"] and step["peer_over_fp8mp"] > 0
+
+
+def test_chunked_loss_and_step_in_backward_rows_count_what_they_drop():
+    """The chunked loss drops at least the fp32 log-softmax of every token from what is saved for backward; the
+    step in backward holds at most the largest gradient (the tied embedding's, bf16) at once."""
+    spec = bench.QUICK_MODELS["llama"]
+    lean = bench.measure("llama", RUNS["fp8mp memory-lean"], quick=True, device="cpu")["bytes"]
+    chunked = bench.measure("llama", RUNS["fp8mp memory-lean + chunked loss"], quick=True, device="cpu")["bytes"]
+    both = bench.measure("llama", RUNS["fp8mp memory-lean + step in backward + chunked loss"], quick=True,
+                         device="cpu")["bytes"]
+    tokens, vocab, hidden = spec.batch * spec.seq, spec.config["vocab_size"], spec.config["hidden_size"]
+    # per token the chunked loss keeps a float32 log-sum-exp, an int64 target and a bool flag
+    assert lean["saved"] - chunked["saved"] >= 4 * tokens * vocab - (4 + 8 + 1) * tokens - 64
+    assert chunked["grads"] == lean["grads"] and both["saved"] == chunked["saved"]
+    assert both["grads"] == 2 * vocab * hidden < lean["grads"]
+    with pytest.raises(bench.RunUnavailable, match="Hugging Face"):
+        bench.measure("gpt", RUNS["fp8mp memory-lean + chunked loss"], quick=True, device="cpu")

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 import torch
 
+from fp8mp.integrations.hf_chunked_loss import restore_loss, use_chunked_loss, uses_chunked_loss
 from fp8mp.integrations.hf_moe import register_if_transformers_imported, select_fp8_experts
 from fp8mp.nn.fp8_state_dict import load_state_dict, split_fp8_state
 from fp8mp.nn.conversion import convert
@@ -35,7 +36,7 @@ from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
 from fp8mp.scaling.recipe import Recipe
 from fp8mp.training.trainer import name_under
 
-__all__ = ["prepare", "from_pretrained", "is_prepared"]
+__all__ = ["prepare", "from_pretrained", "is_prepared", "use_chunked_loss", "restore_loss", "uses_chunked_loss"]
 
 register_if_transformers_imported()  # the "fp8mp" experts implementation (hf_moe.py), where transformers is loaded
 

@@ -182,12 +182,35 @@ class LossScaler:
         found_per_device: dict[torch.device, torch.Tensor] = {}
         for (device, _), group in groups.items():
             found = found_per_device.setdefault(device, torch.zeros(1, dtype=torch.float32, device=device))
-            inv_scale = self._scale_on(device).double().reciprocal().float()
-            torch._amp_foreach_non_finite_check_and_unscale_(group, found, inv_scale)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, self.inv_scale_on(device))
         if not found_per_device:
             return False
         found = list(found_per_device.values())
         return torch.stack([f.to(found[0].device, non_blocking=True) for f in found]).sum() > 0
+
+    def inv_scale_on(self, device: torch.device) -> torch.Tensor:
+        """1 / scale as the 0-dim float32 on `device` that unscaling multiplies the gradients by."""
+        return self._scale_on(device).double().reciprocal().float()
+
+    def record_checked_step(self, optimizer, found_inf: torch.Tensor) -> bool:
+        """For a step whose gradients were unscaled and checked for Inf/NaN elsewhere (fp8mp.step_in_backward,
+        which never holds them all at once): record `found_inf` (a 1-element device flag, nonzero when a
+        gradient held an Inf/NaN) as `optimizer`'s, sync it with the FP8 casts' flags (the iteration's one
+        sync) and mark the optimizer stepped, as `step` would. Returns True when the step must be skipped;
+        `update()` then backs off as after a skipped `step`."""
+        if not self._enabled:
+            return bool(found_inf.item())
+        state = self._per_optimizer[id(optimizer)]
+        if state.unscaled or state.stepped:
+            raise RuntimeError("LossScaler.record_checked_step: the optimizer was already unscaled or stepped since "
+                               "the last update()")
+        if self._fp8_check is None and self._fp8_found is None:
+            self._fp8_check = fp8_cast_check.gather()
+            if self._fp8_check is None:
+                self._fp8_found = []
+        state.found_inf = self._sync(found_inf)
+        state.unscaled = state.stepped = True
+        return state.found_inf
 
     def step(self, optimizer, *args: Any, **kwargs: Any):
         """Unscale (unless `unscale_` already did) and call `optimizer.step(*args, **kwargs)` only if

@@ -1,0 +1,179 @@
+"""`step_in_backward(optimizer)`: fp8mp.optim.AdamW / Lion step each parameter as soon as its gradient is
+accumulated in backward, and free that gradient at once, so that no full gradient buffer lives (2 bytes a
+parameter with bf16 parameters, 4 with fp32 ones)::
+
+    stepper = fp8mp.step_in_backward(optimizer, scaler=scaler)     # scaler optional
+    for batch in loader:
+        with fp8mp.fp8_autocast():
+            loss = model(batch).loss
+        stepper.backward(loss)            # instead of backward(), scaler.step(optimizer), optimizer.zero_grad()
+        scaler.update()
+
+Each parameter gets a `Tensor.register_post_accumulate_grad_hook` (the pattern of torch's "optimizer step in
+backward" tutorial), which runs the optimizer's fused op on that one parameter (`FusedOptimizer._step_parameter`,
+the same op and arguments as `optimizer.step()`) and sets its `.grad` to None.
+
+**Non-finite steps.** `optimizer.step()` skips a step whose gradients hold an Inf or a NaN (and LossScaler one
+whose FP8 casts met one) as a whole: no parameter moves. In backward, the parameters whose gradients come
+first have been stepped when a later gradient shows the Inf; undoing them needs their previous values and
+states (4.06 bytes a parameter for bf16 parameters with FP8 AdamW states, more than the 2-byte gradient that
+the step in backward saves). So when a step can be skipped (the optimizer's `skip_nonfinite`, or a `scaler`),
+`backward` runs backward twice over one graph: the first pass only checks each gradient (the same checks, in
+the same order, as the scaler and the optimizer: unscale with the scaler's scale and its Inf/NaN check, then
+the optimizer's min/max check) and frees it; after one device->host sync of the flag (and of the FP8 casts'
+flags, with a scaler), the second pass steps every parameter, or, on a skipped step, only frees the gradients
+again. It costs one more backward pass (compute, no memory: the saved tensors are held until the second pass,
+which is where a plain backward holds them too). The two passes compute the same gradients (the backward of
+fp8mp's FP8 layers is deterministic, and what it records, the amax of each gradient cast, is a maximum: the
+same after two passes as after one), so the parameters and states take the bits of `optimizer.step()`.
+`verify=False` runs one pass and steps at once; it is refused unless nothing can skip a step (an optimizer
+built with `skip_nonfinite=False` and no scaler): the torchtune way, where a non-finite gradient is stepped.
+
+**Refused**: gradient accumulation over micro-batches (a parameter that already holds a `.grad` when `backward`
+starts: accumulate with `optimizer.step()` instead, which keeps the buffer), global-norm gradient clipping
+(`clip_grad_norm_` raises: the norm needs every gradient before the first step), a backward that does not go
+through `stepper.backward` while the hooks are on (`remove()` takes them off).
+
+Checkpoints are the optimizer's own `state_dict()`: a stepper holds no state, so a resumed run builds a new
+one on the loaded optimizer and continues bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from fp8mp.optim.fused import FusedOptimizer
+
+__all__ = ["StepInBackward", "step_in_backward"]
+
+_CHECK, _STEP, _DISCARD = "check", "step", "discard"
+
+
+class StepInBackward:
+    """The handle `step_in_backward` returns (module docstring). Attributes after each `backward`:
+    `stepped` (False when the step was skipped), `peak_grad_bytes` (the most bytes of `.grad` held at once
+    during it)."""
+
+    def __init__(self, optimizer: FusedOptimizer, scaler=None, verify: bool | None = None):
+        if not isinstance(optimizer, FusedOptimizer):
+            raise TypeError("fp8mp.step_in_backward: argument 'optimizer' must be an fp8mp.optim.AdamW or Lion "
+                            f"(a FusedOptimizer), got {type(optimizer).__name__}")
+        if scaler is not None and not callable(getattr(scaler, "record_checked_step", None)):
+            raise TypeError(f"fp8mp.step_in_backward: argument 'scaler' must be an fp8mp.LossScaler, got "
+                            f"{type(scaler).__name__}")
+        self.optimizer = optimizer
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        can_skip = optimizer.skip_nonfinite or self.scaler is not None
+        self.verify = can_skip if verify is None else bool(verify)
+        if can_skip and not self.verify:
+            raise ValueError("fp8mp.step_in_backward: argument 'verify' is False, but a step with a non-finite "
+                             "gradient must be skipped whole (the optimizer's skip_nonfinite, or a scaler): one pass "
+                             "would have stepped the parameters whose gradients came before the Inf. Build the "
+                             "optimizer with skip_nonfinite=False and pass no scaler to step without checks")
+        self.stepped = True
+        self.peak_grad_bytes = 0
+        self._phase: str | None = None
+        self._groups: dict[int, dict] = {}
+        self._found: torch.Tensor | None = None
+        self._held = 0
+        params = {id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
+        self._hooked = set(params)
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params.values()]
+
+    # ----------------------------------------------------------------------------- the hook
+    def _hook(self, p: torch.Tensor) -> None:
+        if self._phase is None:
+            raise RuntimeError("fp8mp.step_in_backward: a backward ran outside StepInBackward.backward(loss) while "
+                               "its hooks are on; call stepper.backward(loss), or stepper.remove() first")
+        grad = p.grad
+        p.grad = None
+        if grad is None:
+            return
+        if grad.is_sparse:
+            raise RuntimeError(f"fp8mp.step_in_backward: a parameter of shape {list(p.shape)} has a sparse gradient")
+        self._held += grad.numel() * grad.element_size()
+        self.peak_grad_bytes = max(self.peak_grad_bytes, self._held)
+        try:
+            with torch.no_grad():
+                self._use(p, grad)
+        finally:
+            self._held -= grad.numel() * grad.element_size()
+
+    def _use(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        if self._phase == _DISCARD:
+            return
+        if self.scaler is not None:  # in place, as LossScaler.unscale_ unscales .grad
+            found = self._found if self._phase == _CHECK else torch.zeros(1, dtype=torch.float32, device=grad.device)
+            torch._amp_foreach_non_finite_check_and_unscale_([grad], found, self.scaler.inv_scale_on(grad.device))
+        if self._phase == _CHECK:
+            if self.optimizer.skip_nonfinite:
+                self._found += self.optimizer._found_nonfinite([grad])
+            return
+        group = self._groups[id(p)]
+        self.optimizer._step_parameter(group, p, grad, self.optimizer._state_of(p), None)
+
+    # ----------------------------------------------------------------------------- the step
+    def backward(self, loss: torch.Tensor) -> bool:
+        """Backward of `loss` (scaled by the scaler when there is one) with every parameter stepped as its gradient
+        is ready (module docstring). Returns False when the step was skipped (an Inf/NaN)."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise TypeError("StepInBackward.backward: argument 'loss' must be a 1-element tensor that requires grad")
+        if not self._handles:
+            raise RuntimeError("StepInBackward.backward: the hooks were removed")
+        self._groups = {}
+        for group in self.optimizer.param_groups:
+            self.optimizer._check_group_hyper(group)
+            for p in group["params"]:
+                if p.grad is not None:
+                    raise RuntimeError(
+                        f"StepInBackward.backward: a parameter of shape {list(p.shape)} already holds a gradient: "
+                        "gradient accumulation over micro-batches needs the gradient buffer; accumulate with "
+                        "loss.backward() and optimizer.step() instead (stepper.remove() takes the hooks off)")
+                if p.requires_grad and id(p) not in self._hooked:
+                    raise RuntimeError(f"StepInBackward.backward: a parameter of shape {list(p.shape)} was added to the "
+                                       "optimizer after step_in_backward; build a new stepper")
+                self._groups[id(p)] = group
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        self.peak_grad_bytes, self.stepped = 0, True
+        try:
+            if self.verify:
+                device = next(iter(self._groups_params())).device
+                self._found = torch.zeros(1, dtype=torch.float32, device=device)
+                self._phase = _CHECK
+                loss.backward(retain_graph=True)
+                if self.scaler is not None:
+                    self.stepped = not self.scaler.record_checked_step(self.optimizer, self._found)
+                else:
+                    self.stepped = not bool(self._found.item())
+            self._phase = _STEP if self.stepped else _DISCARD
+            loss.backward()
+        finally:
+            self._phase, self._found = None, None
+        return self.stepped
+
+    def _groups_params(self):
+        return (p for group in self.optimizer.param_groups for p in group["params"])
+
+    def clip_grad_norm_(self, *args, **kwargs):
+        """Refused: a global norm needs every gradient before the first parameter steps."""
+        raise RuntimeError("StepInBackward.clip_grad_norm_: clipping by a global gradient norm is not possible when "
+                           "each parameter steps as its gradient arrives (the norm needs all of them first); train "
+                           "without clipping, or with loss.backward(), clip_grad_norm_ and optimizer.step()")
+
+    def remove(self) -> None:
+        """Take the hooks off: the parameters' gradients accumulate in .grad again."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def step_in_backward(optimizer: FusedOptimizer, scaler=None, verify: bool | None = None) -> StepInBackward:
+    """Step `optimizer`'s parameters in backward (fp8mp/training/in_backward_step.py): returns the handle whose
+    `backward(loss)` replaces ``loss.backward(); scaler.step(optimizer); optimizer.zero_grad()``.
+
+    scaler: an fp8mp.LossScaler (its scale, unscale and Inf/NaN checks, FP8 casts included); call its
+        `update()` after `backward` as usual.
+    verify: check every gradient in a first backward pass before stepping in a second one (default: whenever a
+        step can be skipped; False is refused then).
+    """
+    return StepInBackward(optimizer, scaler=scaler, verify=verify)
