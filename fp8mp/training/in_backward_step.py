@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import torch
 
+from fp8mp.optim import sharding
 from fp8mp.optim.fused import FusedOptimizer
 
 __all__ = ["StepInBackward", "step_in_backward"]
@@ -76,6 +77,10 @@ class StepInBackward:
         self._found: torch.Tensor | None = None
         self._held = 0
         params = {id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
+        if any(sharding.is_dtensor(p) for p in params.values()):
+            raise ValueError("fp8mp.step_in_backward: argument 'optimizer' holds DTensor parameters (FSDP2, tensor "
+                             "parallel); the step in backward runs on unsharded parameters only: call "
+                             "optimizer.step() after backward there")
         self._hooked = set(params)
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params.values()]
 
@@ -106,10 +111,14 @@ class StepInBackward:
             torch._amp_foreach_non_finite_check_and_unscale_([grad], found, self.scaler.inv_scale_on(grad.device))
         if self._phase == _CHECK:
             if self.optimizer.skip_nonfinite:
-                self._found += self.optimizer._found_nonfinite([grad])
+                self._found += self.optimizer._found_nonfinite([grad], [])
             return
         group = self._groups[id(p)]
-        self.optimizer._step_parameter(group, p, grad, self.optimizer._state_of(p), None)
+        optimizer = self.optimizer
+        layout = sharding.shard_layout(p, f"of shape {list(p.shape)}")
+        state = optimizer._state_of(p, optimizer._state_dtype(group), layout)
+        local_state = {key: optimizer._local_state(key, value, p) for key, value in state.items()}
+        optimizer._step_parameter(group, p, grad, local_state, None, layout.element_offset)
 
     # ----------------------------------------------------------------------------- the step
     def backward(self, loss: torch.Tensor) -> bool:
