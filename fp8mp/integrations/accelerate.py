@@ -1,4 +1,4 @@
-"""accelerate: an existing `Accelerator` script trains in FP8 with one added line and two changed ones.
+"""accelerate: an existing `Accelerator` script trains in FP8 with one added line and two changed ones::
 
     import fp8mp.integrations.accelerate as fp8_accelerate                                  # added
     accelerator = Accelerator(mixed_precision="bf16")
