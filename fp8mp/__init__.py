@@ -6,7 +6,7 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
     fp8mp.scaling   recipes, Fp8Meta, fp8_autocast, amax reduction across ranks
     fp8mp.nn        modules, their autograd functions, convert, LoRA, FP8 weights
     fp8mp.training  LossScaler, master weights, fallback, monitor, Trainer
-    fp8mp.integrations  Hugging Face transformers (fp8mp.integrations.hf: prepare, from_pretrained)
+    fp8mp.integrations  transformers (.hf: prepare), Lightning (.lightning: FP8Precision), accelerate (.accelerate)
 """
 import sys as _sys
 

@@ -113,11 +113,9 @@ class Trainer:
     def _log_nonfinite_fp8_casts(self) -> list[str]:
         """Log (WARNING, "fp8mp" logger) the layers whose FP8 casts met an Inf/NaN in the step just skipped;
         returns their names."""
-        found = self.scaler.nonfinite_fp8_casts
-        if not found:
+        layers = nonfinite_layer_names(self.model, self.scaler.nonfinite_fp8_casts)
+        if not layers:
             return []
-        names = {id(module): name or "<root>" for name, module in self.model.named_modules()}
-        layers = [(names.get(id(cast.module), type(cast.module).__name__), cast.tensors) for cast in found]
         logger.warning("fp8mp.Trainer: step %d skipped: FP8 casts met Inf/NaN in %s", self.step,
                        ", ".join(f"'{name}' ({', '.join(tensors)})" for name, tensors in layers))
         return [name for name, _ in layers]
@@ -348,6 +346,14 @@ def build_optimizer(model: torch.nn.Module, config: TrainerConfig):
     if any(getattr(m, "stores_fp8_weight", False) and not getattr(m, "weight_frozen", False) for m in model.modules()):
         return MasterWeightOptimizer(adamw, model)
     return adamw(model.parameters())
+
+
+def nonfinite_layer_names(model: torch.nn.Module, found) -> list[tuple[str, tuple[str, ...]]]:
+    """(name in `model`, tensors) of each NonfiniteCast in `found` (LossScaler.nonfinite_fp8_casts)."""
+    if not found:
+        return []
+    names = {id(module): name or "<root>" for name, module in model.named_modules()}
+    return [(names.get(id(cast.module), type(cast.module).__name__), cast.tensors) for cast in found]
 
 
 def _device_type(model: torch.nn.Module) -> str:
