@@ -43,8 +43,10 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 # tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
 WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
   tests/training/test_soak.py tests/test_bench_train_memory.py tests/test_bench_step_in_backward.py
+# The Lightning and accelerate integrations run in .venv, against the frameworks' pinned releases.
+FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py
 WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py \
-  $(addprefix --ignore=,$(WHOLE_RUN_TESTS))
+  $(addprefix --ignore=,$(WHOLE_RUN_TESTS) $(FRAMEWORK_TESTS))
 TORCH_API_TESTS := tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
   tests/ops/test_aliasing.py tests/ops/test_scale_update.py tests/ops/test_fake_checks.py tests/nn/test_linear.py \
   tests/nn/test_torch_autocast.py tests/optim/test_optimizers.py
