@@ -72,7 +72,7 @@ def test_fp8mp_imports_with_only_the_required_dependencies():
     assert {"matplotlib", "transformers", "safetensors"} <= set(blocked)
     script = textwrap.dedent(f"""
         import importlib, pkgutil, sys
-        BLOCKED = {blocked!r}
+        BLOCKED = {blocked!r} + ["lightning", "pytorch_lightning", "lightning_fabric", "accelerate"]
 
         class Block:
             def find_spec(self, name, path=None, target=None):
@@ -103,6 +103,12 @@ def test_fp8mp_imports_with_only_the_required_dependencies():
             assert "pip install 'fp8mp[hf]'" in str(error), error
         else:
             raise AssertionError("from_pretrained without transformers did not raise")
+        try:
+            fp8mp.integrations.lightning.FP8Precision
+        except ImportError as error:
+            assert "pip install 'fp8mp[lightning]'" in str(error), error
+        else:
+            raise AssertionError("FP8Precision without Lightning did not raise")
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import sys
 import weakref
 from typing import Any, Callable
@@ -44,6 +45,8 @@ from fp8mp.training.loss_scaler import LossScaler
 from fp8mp.training.trainer import nonfinite_layer_names
 
 __all__ = ["FP8Precision"]
+
+logger = logging.getLogger("fp8mp")
 
 # (package, its Trainer's precision module, its Fabric's precision module), for each import path of Lightning.
 _FLAVOURS = (
@@ -262,6 +265,8 @@ class _Fp8PrecisionCore:
             if self._own_fallback:
                 self.fallback.fp8_group = _data_parallel_group()
             names = [name for name, _ in nonfinite_layer_names(module, self.scaler.nonfinite_fp8_casts)]
+            if names:
+                logger.warning("fp8mp FP8Precision: optimizer step skipped: FP8 casts met Inf/NaN in %s", names)
             self.fallback.step(module, nonfinite_layers=names if self.scaler.is_enabled() else None)
         return output
 

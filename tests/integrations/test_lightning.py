@@ -167,6 +167,14 @@ def test_the_forward_context_is_bf16_autocast_around_fp8_autocast_with_the_recip
     assert torch.get_default_dtype() == torch.float32
 
 
+def test_frozen_weights_are_stored_in_fp8_by_convert_module():
+    model = fh.mlp()
+    model[0].weight.requires_grad_(False)
+    FP8Precision(frozen_weights="fp8").convert_module(model)
+    assert isinstance(model[0].weight.data, fp8mp.nn.fp8_frozen_weight.Fp8FrozenWeight)
+    assert not isinstance(model[2].weight.data, fp8mp.nn.fp8_frozen_weight.Fp8FrozenWeight)  # trainable: as it was
+
+
 @pytest.mark.parametrize("kwargs, argument", [
     ({"recipe": "delayed"}, "fp8_recipe"), ({"weights_dtype": torch.int8}, "weights_dtype"),
     ({"memory_lean": True, "weights_dtype": torch.float32}, "weights_dtype"), ({"frozen_weights": "int4"}, "frozen_weights"),
