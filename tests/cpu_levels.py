@@ -36,3 +36,22 @@ def why_not(level: str) -> str | None:
         return None
     return f"FP8MP_CPU_ISA={level} needs the CPU features {', '.join(sorted(ISA_NEEDS[level]))}; this CPU lacks " \
            f"{', '.join(sorted(missing))}"
+
+
+def choice_in_a_fresh_process(variable: str, value: str, call: str) -> tuple[str, str]:
+    """(what fp8mp.ops.`call`() returns, the warnings it gave) in a new process whose environment sets `variable`
+    to `value` (fp8mp reads these once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import warnings, fp8mp\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    chosen = fp8mp.ops.{call}()\n"
+            "print(chosen, '|', '; '.join(str(w.message) for w in caught))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env[variable] = value
+    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=300)
+    chosen, message = done.stdout.strip().splitlines()[-1].split(" | ")
+    return chosen, message

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cpu_levels import ISA_LEVELS, best_isa_level, why_not
+from cpu_levels import ISA_LEVELS, best_isa_level, choice_in_a_fresh_process, why_not
 from fp8mp.ops import cpu_isa
 
 WORKER = Path(__file__).with_name("cpu_isa_worker.py")
@@ -74,13 +74,6 @@ def test_the_comparison_sees_nans_and_saturation(best_run):
 
 
 def test_an_unknown_level_warns_and_runs_the_best():
-    code = ("import warnings, fp8mp\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    level = fp8mp.ops.cpu_isa()\n"
-            "print(level, '|', '; '.join(str(w.message) for w in caught))\n")
-    env = dict(os.environ, FP8MP_CPU_ISA="sse2", PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=300)
-    level, message = done.stdout.strip().splitlines()[-1].split(" | ")
+    level, message = choice_in_a_fresh_process("FP8MP_CPU_ISA", "sse2", "cpu_isa")
     assert level == best_isa_level()
     assert "FP8MP_CPU_ISA='sse2' is not one of avx512, avx2, baseline" in message

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fp8mp.ops import cpu_gemm_path
-from cpu_levels import cpu_flags, cpuinfo_value
+from cpu_levels import choice_in_a_fresh_process, cpu_flags, cpuinfo_value
 from gemm_reference import FP32_ACC_RTOL, summation_error_bound
 
 WORKER = Path(__file__).with_name("gemm_path_worker.py")
@@ -216,13 +216,6 @@ def test_automatic_choice_follows_bf16_matrix_units():
 
 
 def test_an_unknown_forced_path_warns_and_chooses_itself():
-    code = ("import warnings, fp8mp\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    path = fp8mp.ops.cpu_gemm_path()\n"
-            "print(path, '|', '; '.join(str(w.message) for w in caught))\n")
-    env = dict(os.environ, FP8MP_CPU_GEMM="bf16", PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=300)
-    path, message = done.stdout.strip().splitlines()[-1].split(" | ")
+    path, message = choice_in_a_fresh_process("FP8MP_CPU_GEMM", "bf16", "cpu_gemm_path")
     assert path == expected_path(None)
     assert "FP8MP_CPU_GEMM='bf16' is not one of fp32, avx512bf16, amx" in message
