@@ -56,7 +56,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.state_dtype = state_dtype
         self.seed = seed
         self.skip_nonfinite = bool(skip_nonfinite)
-        super().__init__(params, defaults)
+        # In every param group, so that a checkpoint says which dtype its states are in (see load_state_dict).
+        super().__init__(params, {**defaults, "state_dtype": state_dtype})
 
     # --------------------------------------------------------------------------------- checks
     def add_param_group(self, param_group: dict) -> None:
@@ -119,20 +120,29 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict, keeping every state tensor's dtype and bits (torch's would cast them to the
-        parameter's dtype); a state saved with another state_dtype is refused (ValueError). The saved state is
-        keyed as its param_groups list the parameters (indices from state_dict(), names from
+        parameter's dtype). A state saved with another state_dtype is refused (ValueError naming the parameter),
+        by the dtype of its tensors and by its param group's 'state_dtype': torch.distributed.checkpoint's load
+        copies the stored values into the tensors of this optimizer's state, so an FP8 state loaded into
+        bfloat16 or float32 states would arrive as codes without their scales. The saved state is keyed as its
+        param_groups list the parameters (indices from state_dict(), names from
         torch.distributed.checkpoint's get_state_dict)."""
         saved = state_dict["state"]
-        keys = [key for group in state_dict["param_groups"] for key in group["params"]]
         current = [(p, self._state_dtype(group)) for group in self.param_groups for p in group["params"]]
-        by_key = dict(zip(keys, current))
-        for key, values in saved.items():
-            dtype = by_key[key][1]
-            for name in self.state_names:
-                if name in values and values[name].dtype != dtype:
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: argument 'state_dict' holds '{name}' "
-                                     f"in {values[name].dtype}, this optimizer's state_dtype is {dtype} for it")
+        saved_dtypes = [(key, group.get("state_dtype")) for group in state_dict["param_groups"]
+                        for key in group["params"]]
+        by_key = {key: entry for (key, _), entry in zip(saved_dtypes, current)}
+        for (key, saved_dtype), (_, dtype) in zip(saved_dtypes, current):
+            values = saved.get(key, {})
+            found_dtypes = {saved_dtype or dtype} | {values[name].dtype for name in self.state_names if name in values}
+            for found in sorted(found_dtypes, key=str):
+                if found != dtype:
+                    raise ValueError(f"{type(self).__name__}.load_state_dict: argument 'state_dict' holds the states "
+                                     f"of parameter {key} in {found}, this optimizer's state_dtype for it is {dtype}; "
+                                     "build the optimizer (or that param group) with the checkpoint's state_dtype")
+        group_dtypes = [self._state_dtype(group) for group in self.param_groups]
         super().load_state_dict(state_dict)
+        for group, dtype in zip(self.param_groups, group_dtypes):  # a checkpoint saved without the key
+            group.setdefault("state_dtype", dtype)
         for key, values in saved.items():
             p = by_key[key][0]
             self.state[p] = {name: value.to(device=torch.device("cpu") if name == "seed" else p.device, copy=True)
@@ -189,8 +199,10 @@ class FusedOptimizer(torch.optim.Optimizer):
         for group, p, state_dtype, layout in work:
             state = self._state_of(p, state_dtype, layout)
             local_state = {key: self._local_state(key, value, p) for key, value in state.items()}
-            self._step_parameter(group, sharding.local(p), sharding.local(p.grad), local_state, found_inf,
-                                 layout.element_offset)
+            # An empty shard (FSDP2's last ranks when rows < ranks * chunk) steps nothing but its counter; its
+            # offset, the tensor's end, need not be a block boundary, so it passes 0.
+            offset = layout.element_offset if sharding.local(p).numel() else 0
+            self._step_parameter(group, sharding.local(p), sharding.local(p.grad), local_state, found_inf, offset)
         return loss
 
     def _checked_layout(self, p: torch.Tensor, state_dtype: torch.dtype, name: str) -> sharding.ShardLayout:

@@ -166,9 +166,28 @@ def test_a_state_dict_of_another_state_dtype_is_refused():
     opt = AdamW(model.parameters(), state_dtype=torch.bfloat16)
     train(model, opt, 1)
     other = AdamW(model.parameters(), state_dtype=torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match="holds 'exp_avg' in torch.bfloat16, this optimizer's state_dtype is "
-                                         "torch.float8_e4m3fn"):
+    with pytest.raises(ValueError, match="holds the states of parameter 0 in torch.bfloat16, this optimizer's "
+                                         "state_dtype for it is torch.float8_e4m3fn"):
         other.load_state_dict(opt.state_dict())
+
+
+def test_fp8_states_cast_into_another_dtype_are_refused_by_their_group():
+    """torch.distributed.checkpoint's load copies the stored tensors into the target optimizer's, so E4M3 states
+    loaded into a bf16-state optimizer arrive as bf16 tensors (codes without their scales): the saved param
+    group's 'state_dtype' still says what they were, and load_state_dict refuses them, naming the parameter."""
+    model = tiny_model()
+    opt = AdamW(model.parameters(), state_dtype=torch.float8_e4m3fn)
+    train(model, opt, 1)
+    saved = opt.state_dict()
+    assert [group["state_dtype"] for group in saved["param_groups"]] == [torch.float8_e4m3fn]
+    for values in saved["state"].values():  # what such a load leaves: the target's dtype, no scales
+        for name in ("exp_avg", "exp_avg_sq"):
+            values[name] = values[name].float().bfloat16()
+        del values["exp_avg_scale"], values["exp_avg_sq_scale"]
+    other = AdamW(model.parameters(), state_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="holds the states of parameter 0 in torch.float8_e4m3fn, this optimizer's "
+                                         "state_dtype for it is torch.bfloat16"):
+        other.load_state_dict(saved)
 
 
 def test_a_param_group_may_set_its_own_state_dtype():
