@@ -9,11 +9,14 @@ sharded=False):
 * "bits_<dtype>_<optimizer>": three steps on given global gradients (each rank copies its rows into its
   shards): every local parameter, state and FP8 scale, with the shard's first row, for a bitwise comparison;
 * "train_<dtype>": 8 training steps on a global batch split between the ranks, gradients summed (FSDP2
-  divide factor 1), clipped with torch.nn.utils.clip_grad_norm_: losses, total norms, per-rank bytes;
+  divide factor 1), clipped with torch.nn.utils.clip_grad_norm_: losses, total norms, per-rank bytes, and
+  how many saved activations went to FP8 (the LayerNorms' inputs, fp8_saved_activations=True);
 * "nonfinite": only rank 1's shard gets a NaN gradient; both ranks must skip the step;
 * "unaligned": a vector whose shards cannot start on a 128-element boundary: the error with E4M3 states,
   and three steps with a bf16-states param group;
 * "empty_shard": a weight of one row, whose shard on rank 1 is empty;
+* "experts": an fp8mp.nn.GroupedLinear of 3 experts (3-D weight sharded along the experts: 2 and 1), three
+  AdamW steps with E4M3 states on given gradients, as "bits_*";
 * "frozen": a frozen FP8 base (frozen_weights="fp8") and a trainable head: losses, what a rank holds;
 * "dcp": get_state_dict -> torch.distributed.checkpoint save / load -> set_state_dict into a fresh model and
   optimizer, then one more step: the same bits as going on without the round trip.
@@ -23,12 +26,14 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import fp8mp
+from fp8mp.nn import saved_activations
 
 VOCAB, DIM, HIDDEN, SEQ, GLOBAL_BATCH, STEPS, LR, MAX_NORM = 129, 256, 512, 2, 8, 8, 3e-3, 0.5
 
@@ -146,20 +151,22 @@ def train(dtype, sharded: bool, state_dtype=torch.float8_e4m3fn) -> dict:
     rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
     losses, norms = [], []
-    for step in range(STEPS):
-        tokens, y = batch(step)
-        loss = shard_loss(model, tokens[rows], y[rows], group)
-        optimizer.zero_grad()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-        optimizer.step()
-        total = loss.detach().clone()
-        if sharded:
-            dist.all_reduce(total)
-        losses.append(total.item())
+    with mock.patch.object(saved_activations, "quantize_saved", side_effect=saved_activations.quantize_saved) as fp8_saved:
+        for step in range(STEPS):
+            tokens, y = batch(step)
+            loss = shard_loss(model, tokens[rows], y[rows], group)
+            optimizer.zero_grad()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+            norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+            optimizer.step()
+            total = loss.detach().clone()
+            if sharded:
+                dist.all_reduce(total)
+            losses.append(total.item())
     params = list(model.parameters())
     return {"losses": losses, "norms": norms, "numel": sum(p.numel() for p in params),
+            "fp8_saved_activations": fp8_saved.call_count,
             "param_bytes": sum(local(p).numel() * p.element_size() for p in params),
             "grad_bytes": sum(local(p.grad).numel() * p.grad.element_size() for p in params),
             "state_bytes": optimizer.state_bytes(),
@@ -220,6 +227,21 @@ def empty_shard_step(sharded: bool) -> dict:
         set_grads(layer, global_grads(layer, step))
         optimizer.step()
     return snapshot(layer, optimizer)
+
+
+def experts_step(sharded: bool) -> dict:
+    """An fp8mp.nn.GroupedLinear of 3 experts (weight [3, 64, 128], bias [3, 64], bf16; FSDP2 shards both along
+    the experts: 2 on rank 0, 1 on rank 1) and E4M3 states: 3 AdamW steps on given gradients, the snapshot."""
+    torch.manual_seed(0)
+    experts = fp8mp.nn.GroupedLinear(3, 128, 64).bfloat16()
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(experts)
+    optimizer = fp8mp.optim.AdamW(experts.parameters(), state_dtype=torch.float8_e4m3fn, seed=11)
+    for step in range(3):
+        set_grads(experts, global_grads(experts, step))
+        optimizer.step()
+    return snapshot(experts, optimizer)
 
 
 def frozen_fp8(sharded: bool) -> dict:
@@ -297,6 +319,7 @@ def main(out_dir: str) -> None:
     results["unaligned"] = unaligned_step(sharded=True)
     results["frozen"] = frozen_fp8(sharded=True)
     results["empty_shard"] = empty_shard_step(sharded=True)
+    results["experts"] = experts_step(sharded=True)
     with tempfile.TemporaryDirectory() as directory:
         shared = [directory]
         dist.broadcast_object_list(shared)  # rank 0's folder: one checkpoint for both

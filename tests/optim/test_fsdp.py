@@ -14,18 +14,13 @@ loopback), one torchrun launch of tests/optim/fsdp_worker.py, compared here with
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import warnings
-
 import pytest
 import torch
 import torch.distributed as dist
 
+import fp8mp
 import fsdp_worker
+from torchrun_launch import launch
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
@@ -33,30 +28,10 @@ TIMEOUT_S = 180
 WORLD = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("fsdp")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), os.path.join(repo, "tests", "optim", "fsdp_worker.py"),
-           str(out_dir)]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    print(f"torchrun: {time.monotonic() - start:.1f} s")
-    if proc.returncode != 0:  # as tests/scaling/test_distributed.py: one more run; a failure that comes back fails
-        warnings.warn(f"torchrun failed (exit {proc.returncode}); running it again. Its output's tail:\n"
-                      + proc.stderr[-2000:])
-        cmd[cmd.index("--master_port") + 1] = str(free_port())
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    launch("fsdp_worker.py", WORLD, [str(out_dir)], TIMEOUT_S)
     return [torch.load(out_dir / f"rank-{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
@@ -123,6 +98,25 @@ def test_training_matches_one_process_on_the_global_batch(ranks, dtype, state_dt
         assert got["state_types"] == sorted(f"{k}:DTensor" for k in ("exp_avg", "exp_avg_sq") + (
             ("exp_avg_scale", "exp_avg_sq_scale") if state_dtype == torch.float8_e4m3fn else ())) \
             + ["seed:Tensor", "step:Tensor"]
+
+
+def test_fp8_saved_activations_are_stored_under_fully_shard(ranks):
+    """fp8_saved_activations=True (the LayerNorms' inputs in E4M3) under fully_shard: each rank stores as many
+    saved tensors in FP8 as one process does (the losses above are those of these runs)."""
+    want = fsdp_worker.train(torch.bfloat16, sharded=False)["fp8_saved_activations"]
+    assert want == fsdp_worker.STEPS * 2  # the input of one LayerNorm a block, two blocks, each step
+    for rank in ranks:
+        assert rank[f"train_{torch.bfloat16}"]["fp8_saved_activations"] == want
+
+
+def test_moe_experts_sharded_along_the_experts_step_the_unsharded_bits(ranks):
+    """A GroupedLinear's 3-D weight [experts, out, in] under fully_shard (Shard(0): whole experts a rank,
+    uneven) stepped by AdamW with E4M3 states: every shard's bits are its experts' of one process's step."""
+    whole = fsdp_worker.experts_step(sharded=False)
+    experts = fp8mp.nn.GroupedLinear(3, 128, 64)
+    for rank in ranks:
+        assert_shards_are_rows_of(rank["experts"], whole, experts)
+    assert [rank["experts"]["weight"][0] for rank in ranks] == [0, 2]
 
 
 def test_memory_lean_bytes_per_rank(ranks):
