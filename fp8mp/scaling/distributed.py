@@ -52,7 +52,8 @@ import torch.distributed as dist
 
 from fp8mp.scaling.recipe import BlockRecipe
 
-__all__ = ["reduce_pending_amaxes", "remember_modules", "all_reduce_amax_", "reduce_module_amaxes"]
+__all__ = ["reduce_pending_amaxes", "reduce_every_pending_amax", "remember_modules", "all_reduce_amax_",
+           "reduce_module_amaxes"]
 
 # group -> {id(module): weakref(module)} of the fp8mp modules that ran in the last context with that group
 _PENDING: dict[object, dict[int, weakref.ref]] = {}
@@ -103,3 +104,13 @@ def reduce_pending_amaxes(group) -> None:
     pending = _PENDING.pop(group, {})
     modules = [m for m in (ref() for ref in pending.values()) if m is not None]
     reduce_module_amaxes(modules, group)
+
+
+def reduce_every_pending_amax() -> None:
+    """Run now every reduction the next fp8_autocast entries would run (one all_reduce per group with modules
+    pending), so that the amax buffers hold the same values on every rank, as before a checkpoint: a
+    torch.distributed.checkpoint keeps one copy of the unsharded buffers. Reducing twice changes nothing
+    (the max of equal values), so the next entries find nothing left and the scales are those of a run
+    without the checkpoint. Every rank must call it at the same point."""
+    for group in list(_PENDING):
+        reduce_pending_amaxes(group)
