@@ -214,34 +214,30 @@ def unaligned_step(sharded: bool) -> tuple[str | None, dict]:
     return error, snapshot(norm, optimizer)
 
 
+def fp8_state_steps(module: torch.nn.Module, sharded: bool, seed: int) -> dict:
+    """fully_shard `module` (when sharded), then 3 AdamW steps with E4M3 states on given gradients: the snapshot."""
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(module)
+    optimizer = fp8mp.optim.AdamW(module.parameters(), state_dtype=torch.float8_e4m3fn, seed=seed)
+    for step in range(3):
+        set_grads(module, global_grads(module, step))
+        optimizer.step()
+    return snapshot(module, optimizer)
+
+
 def empty_shard_step(sharded: bool) -> dict:
     """A bf16 weight of one row of 256 (over 2 ranks: rank 1's shard is empty) and E4M3 states: 3 steps on given
     gradients, the snapshot (the empty shard steps nothing and still counts the step)."""
     torch.manual_seed(0)
-    layer = torch.nn.Linear(256, 1, bias=False).bfloat16()
-    if sharded:
-        from torch.distributed.fsdp import fully_shard
-        fully_shard(layer)
-    optimizer = fp8mp.optim.AdamW(layer.parameters(), state_dtype=torch.float8_e4m3fn, seed=9)
-    for step in range(3):
-        set_grads(layer, global_grads(layer, step))
-        optimizer.step()
-    return snapshot(layer, optimizer)
+    return fp8_state_steps(torch.nn.Linear(256, 1, bias=False).bfloat16(), sharded, seed=9)
 
 
 def experts_step(sharded: bool) -> dict:
     """An fp8mp.nn.GroupedLinear of 3 experts (weight [3, 64, 128], bias [3, 64], bf16; FSDP2 shards both along
     the experts: 2 on rank 0, 1 on rank 1) and E4M3 states: 3 AdamW steps on given gradients, the snapshot."""
     torch.manual_seed(0)
-    experts = fp8mp.nn.GroupedLinear(3, 128, 64).bfloat16()
-    if sharded:
-        from torch.distributed.fsdp import fully_shard
-        fully_shard(experts)
-    optimizer = fp8mp.optim.AdamW(experts.parameters(), state_dtype=torch.float8_e4m3fn, seed=11)
-    for step in range(3):
-        set_grads(experts, global_grads(experts, step))
-        optimizer.step()
-    return snapshot(experts, optimizer)
+    return fp8_state_steps(fp8mp.nn.GroupedLinear(3, 128, 64).bfloat16(), sharded, seed=11)
 
 
 def frozen_fp8(sharded: bool) -> dict:
