@@ -16,6 +16,10 @@ An FP8 state's scales of a DTensor parameter are a DTensor too, sharded like the
 blocks, so that ``torch.chunk`` of its dim 0 gives each rank exactly its shard's blocks (the whole tensor's
 ``ceil(numel / 128)`` blocks in order, the last group padded with unused zeros when ``rows`` is not a
 multiple of k). A plain tensor's scales stay the 1-D ``[ceil(numel / 128)]``.
+
+That global shape depends on the parameter's shape only, not on the number of ranks: torch.distributed.checkpoint
+saves the scales of N ranks and hands each of M ranks its shard's blocks (fp8mp.training.distributed_checkpoint),
+wherever M passes :func:`check_fp8_blocks`.
 """
 from __future__ import annotations
 
