@@ -12,7 +12,7 @@ Every rank writes OUT_DIR/world-<N>-rank-<r>.pt:
   optimizer and scaler load CKPT_DIR/main and train the same AFTER steps ("resumed"): losses, every local
   parameter and state, FP8 scaling buffers and the scaler's state. It also saves CKPT_DIR/odd: a [5, 64]
   weight with E4M3 states, which 4 ranks shard in whole 128-element blocks (2 rows of 64) and 2 ranks
-  cannot (3 rows).
+  cannot (3 rows); and tries to save an fp8mp Linear trained without fp8_group ("unreduced_error").
 * N == 2 and N == 1 load CKPT_DIR/main into a fresh model sharded over N ranks and train AFTER steps
   ("resumed"); N == 2 tries CKPT_DIR/odd ("odd_error"); N == 1 also tries it into a plain model without
   fully_shard ("plain_error").
@@ -89,6 +89,16 @@ def odd_model(sharded: bool):
     return layer, fp8mp.optim.AdamW(layer.parameters(), state_dtype=torch.float8_e4m3fn, seed=1)
 
 
+def unreduced_save_error(path: str) -> str | None:
+    """An fp8mp Linear run under fp8_autocast without fp8_group (each rank scales from its own data): saving it."""
+    layer = fp8mp.convert(torch.nn.Linear(64, 64))
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(dist.get_rank()))
+    with fp8mp.fp8_autocast():
+        layer(x).sum().backward()
+    optimizer = fp8mp.optim.AdamW(layer.parameters(), state_dtype=torch.bfloat16)
+    return error_of(lambda: fp8mp.training.save_checkpoint(path, layer, optimizer))
+
+
 def main(out_dir: str, ckpt_dir: str) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -108,6 +118,7 @@ def main(out_dir: str, ckpt_dir: str) -> None:
         fsdp_worker.set_grads(layer, fsdp_worker.global_grads(layer, 0))
         layer_optimizer.step()
         fp8mp.training.save_checkpoint(odd_ckpt, layer, layer_optimizer)
+        results["unreduced_error"] = unreduced_save_error(os.path.join(ckpt_dir, "unreduced"))
     else:
         model, optimizer, scaler = fresh()
         fp8mp.training.load_checkpoint(main_ckpt, model, optimizer, scaler)

@@ -8,7 +8,8 @@
   (bf16 parameters: the gradients' sums run in another order, and a bf16 rounding of a weight moves the loss
   about 1e-3, as in tests/optim/test_fsdp.py).
 * A world size whose shards the FP8 states' 128-element blocks cannot follow is refused, naming the
-  parameter; so is a plain (unsharded) model, whose FP8 scales have another shape than the sharded layout.
+  parameter; so is a plain (unsharded) model, whose FP8 scales have another shape than the sharded layout, and
+  a save whose FP8 scaling buffers differ between the ranks (fp8_autocast without fp8_group).
 """
 from __future__ import annotations
 
@@ -85,6 +86,14 @@ def test_a_world_size_the_fp8_blocks_cannot_follow_is_refused_naming_the_paramet
         assert rank["odd_error"].startswith("ValueError: fp8mp.optim: parameter 0 of param group 0 (global shape "
                                             "[5, 64]) is sharded in chunks of 3 rows of 64 elements")
     assert worlds[1][0]["odd_error"] is None  # one rank holds every row: its blocks are the whole tensor's
+
+
+def test_fp8_scaling_state_that_differs_between_ranks_is_not_saved(worlds):
+    """fp8_autocast without fp8_group: each rank's scales are its own, and a checkpoint would keep rank 0's."""
+    for rank in worlds[4]:
+        assert rank["unreduced_error"].startswith("ValueError: fp8mp: the FP8 scaling buffer fp8_meta.amax differs "
+                                                  "between ranks")
+        assert "fp8_autocast(fp8_group=...)" in rank["unreduced_error"]
 
 
 def test_a_plain_model_is_refused_naming_the_state(worlds):
