@@ -1,0 +1,112 @@
+"""fp8mp Linear under torch's tensor parallel, on CPU with gloo: one torchrun launch of tests/nn/tp_worker.py on
+2 processes (TP 2: column-/row-wise, and sequence parallel with the LayerNorms) and one on 4 (FSDP2 2 x TP 2),
+compared here with one process on the global batch (fp32 parameters, the same optimizers).
+
+* The FP8 amaxes are max-reduced over fp8_autocast(fp8_group=WORLD), so every rank holds the same FP8 state,
+  bit for bit, and that state is one process's: after the first step the weight scales (the whole weights' amaxes
+  from the shards') and the first layer's input scale are one process's bits; later ones differ where the
+  activations and gradients differ in their last bits (partial sums added in another order).
+* Losses within 1e-4 relative of one process's over STEPS steps.
+* Every step runs the FP8 GEMMs: three fp8_gemm calls per Linear (forward, input and weight gradients).
+"""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import tp_worker
+from torchrun_launch import run_ranks
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
+
+TIMEOUT_S = 180
+WORKER = pathlib.Path(__file__).with_name("tp_worker.py")
+LINEARS = 4  # two blocks of fc1, fc2
+LAYOUTS = {"tp": 2, "sp": 2, "fsdp_tp": 4}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The references run like the workers, on one thread (torch's global setting, restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict[int, list[dict]]:
+    return {n: run_ranks(WORKER, n, tmp_path_factory.mktemp(f"tp{n}"), TIMEOUT_S) for n in (2, 4)}
+
+
+@pytest.fixture(scope="module")
+def one_process() -> dict:
+    return tp_worker.train(None, None)
+
+
+def same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_rank_holds_the_same_fp8_state(ranks, layout):
+    results = [r[f"train_{layout}"] for r in ranks[LAYOUTS[layout]]]
+    for got in results[1:]:
+        assert same_bits(got["first"], results[0]["first"]) and same_bits(got["last"], results[0]["last"])
+    assert any(k.endswith("amax_history") for k in results[0]["last"])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_first_step_scales_are_one_process_bits(ranks, one_process, layout):
+    got, want = ranks[LAYOUTS[layout]][0][f"train_{layout}"]["first"], one_process["first"]
+    assert got.keys() == want.keys()
+    for key in want:
+        if key.endswith(".scale"):  # columns: input, weight, output gradient
+            name = key.split(".fp8_meta")[0]
+            assert torch.equal(got[key][1], want[key][1]), key  # the weight's: shards' amaxes reduced
+            if name == "blocks.0.fc1":
+                assert torch.equal(got[key][0], want[key][0]), key  # its input: the same values
+            torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_losses_match_one_process_on_the_global_batch(ranks, one_process, layout):
+    want = torch.tensor(one_process["losses"])
+    assert want[-1] < want[0]  # it trains
+    for rank in ranks[LAYOUTS[layout]]:
+        got = rank[f"train_{layout}"]
+        torch.testing.assert_close(torch.tensor(got["losses"]), want, rtol=1e-4, atol=0)
+        for key, value in one_process["last"].items():  # scales and amax histories stay close
+            torch.testing.assert_close(got["last"][key], value, rtol=1e-3, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_fp8_gemms_run(ranks, one_process, layout):
+    assert one_process["ops"]["fp8mp.fp8_gemm"] == 3 * LINEARS
+    for rank in ranks[LAYOUTS[layout]]:
+        assert rank[f"train_{layout}"]["ops"]["fp8mp.fp8_gemm"] == 3 * LINEARS
+
+
+def test_errors(ranks):
+    for rank, result in enumerate(ranks[2]):
+        errors = result["errors"]
+        assert errors["no_group"].startswith("ValueError: fp8mp.nn.Linear: the weight is sharded by tensor parallel "
+                                             "over ranks [0, 1]"), errors["no_group"]
+        assert "pass fp8_autocast(fp8_group=...) a ProcessGroup that contains them" in errors["no_group"]
+        assert errors["own_rank_only"].startswith(
+            f"ValueError: fp8mp.nn.Linear: argument 'fp8_group' of fp8_autocast holds ranks [{rank}], but the weight "
+            f"is sharded by tensor parallel over ranks [0, 1]: ranks [{1 - rank}]"), errors["own_rank_only"]
+        assert errors["fine_grained"].startswith("NotImplementedError: fp8mp.nn.Linear: RowwiseScaling under tensor "
+                                                 "parallel is not supported"), errors["fine_grained"]
+        assert errors["adamw_rowwise"].startswith(
+            "ValueError: fp8mp.optim: parameter 0 of param group 0 (global shape [64, 128]) has placements "
+            "(Shard(dim=1),);"), errors["adamw_rowwise"]
+        assert "step the others (row-wise Shard(1) weights, FSDP2 x tensor parallel) with a torch.optim" \
+            in errors["adamw_rowwise"]
+    for result in ranks[4]:  # FSDP2 over a column-wise weight: dim 0 sharded twice
+        assert result["adamw_fsdp_tp"].startswith(
+            "ValueError: fp8mp.optim: parameter 0 of param group 0 (global shape [128, 64]) has placements "
+            "(_StridedShard(dim=0, sf=2), Shard(dim=0));"), result["adamw_fsdp_tp"]

@@ -1,0 +1,210 @@
+"""Worker for tests/nn/test_tensor_parallel.py, launched by torchrun (gloo, CPU):
+
+    python -m torch.distributed.run --nproc_per_node 2 ... tests/nn/tp_worker.py OUT_DIR      (tensor parallel 2)
+    python -m torch.distributed.run --nproc_per_node 4 ... tests/nn/tp_worker.py OUT_DIR      (FSDP2 2 x TP 2)
+
+fp8mp Linear layers under torch's own tensor-parallel styles (parallelize_module with ColwiseParallel /
+RowwiseParallel, SequenceParallel on the LayerNorms), fp32 parameters, the FP8 amaxes reduced over
+fp8_autocast(fp8_group=WORLD). Every rank writes OUT_DIR/rank-<r>.pt with what the test compares between the
+ranks and against one process on the global batch (`train(layout, None)`):
+
+* "train_<layout>": STEPS training steps: losses, the FP8 state (amaxes, histories, scales) after the first
+  step and after the last, and the fp8mp ops one step ran. Layouts: "tp" (column-wise fc1, row-wise fc2,
+  replicated activations), "sp" (sequence parallel: the LayerNorms on sequence shards, fc1 gathering its
+  input, fc2 reduce-scattering its output), on 2 ranks; "fsdp_tp" (the "sp" plan on a 2 x 2 mesh, fully_shard
+  over the data-parallel dimension) on 4;
+* "errors": what fp8mp raises for a missing or too small fp8_group, a fine-grained recipe, and
+  fp8mp.optim.AdamW on parameters it cannot step (row-wise Shard(1), FSDP2 x TP).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import fp8mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations"))
+from framework_helpers import Fp8OpCount  # noqa: E402  (the count of fp8mp ops the framework tests use)
+
+DIM, HIDDEN, SEQ, GLOBAL_BATCH, STEPS, LR = 64, 128, 4, 4, 4, 1e-2
+TP = 2
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(DIM)
+        self.fc1 = torch.nn.Linear(DIM, HIDDEN)
+        self.fc2 = torch.nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def plan(layout: str) -> dict:
+    """Each block's tensor-parallel plan: fp8mp's styles for its Linear layers, torch's SequenceParallel."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import SequenceParallel
+    from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
+    if layout == "tp":
+        return {"fc1": Fp8ColwiseParallel(), "fc2": Fp8RowwiseParallel()}
+    return {"norm": SequenceParallel(), "fc1": Fp8ColwiseParallel(input_layouts=Shard(1)),
+            "fc2": Fp8RowwiseParallel(output_layouts=Shard(1))}
+
+
+def make_model(layout: str | None):
+    """The fp8mp model (fp32, FP8 saved activations), parallelized for `layout` (None: one process), and the
+    data-parallel (rank, size) of this process."""
+    torch.manual_seed(0)
+    model = fp8mp.convert(Model(), fp8_saved_activations=True)
+    if layout is None:
+        return model, (0, 1)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    if layout == "fsdp_tp":
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // TP, TP), mesh_dim_names=("dp", "tp"))
+        tp_mesh = mesh["tp"]
+    else:
+        mesh = tp_mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, plan(layout))
+    if layout != "fsdp_tp":
+        return model, (0, 1)
+    from torch.distributed.fsdp import fully_shard
+    for module in (*model.blocks, model):
+        fully_shard(module, mesh=mesh["dp"])
+        # Sum, don't average; force_sum: a custom factor otherwise needs PREMUL_SUM, which gloo lacks.
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+    return model, (mesh["dp"].get_local_rank(), mesh["dp"].size())
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randn(GLOBAL_BATCH, SEQ, DIM, generator=gen), torch.randn(GLOBAL_BATCH, SEQ, DIM, generator=gen)
+
+
+def rank_slice(t: torch.Tensor, layout: str | None, dp: tuple[int, int]) -> torch.Tensor:
+    """This rank's part of a global [batch, seq, dim] tensor: its data-parallel rows, and under sequence
+    parallel its tensor-parallel chunk of the sequence."""
+    rank, size = dp
+    t = t[rank * GLOBAL_BATCH // size:(rank + 1) * GLOBAL_BATCH // size]
+    if layout in ("sp", "fsdp_tp"):
+        tp_rank = dist.get_rank() % TP  # the tp dimension is the mesh's last: consecutive ranks
+        t = t[:, tp_rank * SEQ // TP:(tp_rank + 1) * SEQ // TP]
+    return t
+
+
+def make_optimizers(model, layout: str | None) -> list[torch.optim.Optimizer]:
+    """fp8mp.optim.AdamW (fp32 states) for every parameter it steps under tensor parallel (Shard(0), Replicate,
+    plain), torch.optim.AdamW for the row-wise (Shard(1)) weights; under FSDP2 x TP torch's for all."""
+    if layout == "fsdp_tp":
+        return [torch.optim.AdamW(model.parameters(), lr=LR)]
+    rowwise = [p for name, p in model.named_parameters() if name.endswith("fc2.weight")]
+    others = [p for name, p in model.named_parameters() if not name.endswith("fc2.weight")]
+    return [fp8mp.optim.AdamW(others, lr=LR, state_dtype=torch.float32), torch.optim.AdamW(rowwise, lr=LR)]
+
+
+def fp8_state(model, group) -> dict[str, torch.Tensor]:
+    """The FP8 state (amaxes, histories, scales) as the next step starts from it: the last amaxes reduced over
+    `group`, as entering fp8_autocast(fp8_group=group) does (a context with no module in it)."""
+    with fp8mp.fp8_autocast(fp8_group=group):
+        pass
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if ".fp8_meta." in k}
+
+
+def train(layout: str | None, group) -> dict:
+    """STEPS steps on the global batch (this rank's part of it), DelayedScaling: the global mean loss of each
+    step, the FP8 state after the first step and after the last, and the fp8mp ops of step 1 by name."""
+    model, dp = make_model(layout)
+    optimizers = make_optimizers(model, layout)
+    losses, first, ops = [], None, None
+    for step in range(STEPS):
+        x, y = (rank_slice(t, layout, dp) for t in batch(step))
+        counter = Fp8OpCount()
+        with counter:
+            with fp8mp.fp8_autocast(fp8_group=group):
+                out = model(x)
+            loss = ((out - y) ** 2).sum() / (GLOBAL_BATCH * SEQ * DIM)  # this rank's share of the global mean
+            loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+        total = loss.detach().clone()
+        if layout in ("sp", "fsdp_tp"):  # shares of the loss: the data-parallel rows, the sequence chunks
+            dist.all_reduce(total)
+        losses.append(total.item())
+        if step == 0:
+            first = fp8_state(model, group)
+        if step == 1:
+            ops = counter.counts
+    return {"losses": losses, "first": first, "last": fp8_state(model, group), "ops": ops}
+
+
+def error_of(fn) -> str:
+    try:
+        fn()
+    except (ValueError, NotImplementedError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def errors() -> dict[str, str]:
+    """The errors of a tensor-parallel model (2 ranks) run or stepped the wrong way."""
+    model, _ = make_model("tp")
+    x = batch(0)[0]
+    singletons = [dist.new_group([r]) for r in range(dist.get_world_size())]  # (every rank creates every group)
+
+    def forward(group, recipe=None):
+        with fp8mp.fp8_autocast(fp8_group=group, fp8_recipe=recipe):
+            model(x)
+
+    rowwise = [p for name, p in model.named_parameters() if name.endswith("fc2.weight")]
+    for p in rowwise:
+        p.grad = torch.zeros_like(p)
+    return {"no_group": error_of(lambda: forward(None)),
+            "own_rank_only": error_of(lambda: forward(singletons[dist.get_rank()])),
+            "fine_grained": error_of(lambda: forward(dist.group.WORLD, fp8mp.recipe.RowwiseScaling())),
+            "adamw_rowwise": error_of(lambda: fp8mp.optim.AdamW(rowwise, state_dtype=torch.float32).step())}
+
+
+def fsdp_tp_adamw_error() -> str:
+    model, _ = make_model("fsdp_tp")
+    params = [model.blocks[0].fc1.weight]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    return error_of(lambda: fp8mp.optim.AdamW(params, state_dtype=torch.float32).step())
+
+
+def main(out_dir: str) -> None:
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    results = {}
+    if dist.get_world_size() == TP:
+        results["train_tp"] = train("tp", dist.group.WORLD)
+        results["train_sp"] = train("sp", dist.group.WORLD)
+        results["errors"] = errors()
+    else:
+        results["train_fsdp_tp"] = train("fsdp_tp", dist.group.WORLD)
+        results["adamw_fsdp_tp"] = fsdp_tp_adamw_error()
+    torch.save(results, os.path.join(out_dir, f"rank-{dist.get_rank()}.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
