@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import fp8mp
 import tp_worker
 from torchrun_launch import run_ranks
 
@@ -45,6 +46,25 @@ def ranks(tmp_path_factory) -> dict[int, list[dict]]:
 @pytest.fixture(scope="module")
 def one_process() -> dict:
     return tp_worker.train(None, None)
+
+
+@pytest.fixture(scope="module")
+def one_process_current() -> dict:
+    return tp_worker.train(None, None, fp8mp.recipe.CurrentScaling())
+
+
+def test_current_scaling_matches_one_process(ranks, one_process_current):
+    """CurrentScaling reduces each amax over fp8_group before its cast: the scales every rank casts with are one
+    process's, the losses too."""
+    want = one_process_current
+    results = [r["train_sp_current"] for r in ranks[2]]
+    for got in results:
+        assert same_bits(got["last"], results[0]["last"])
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]), rtol=1e-4, atol=0)
+        for key in want["first"]:
+            if key.endswith(".scale"):
+                torch.testing.assert_close(got["first"][key], want["first"][key], rtol=1e-4, atol=0, msg=key)
+        assert got["ops"]["fp8mp.fp8_gemm"] == 3 * LINEARS
 
 
 def same_bits(a: dict, b: dict) -> bool:
@@ -93,6 +113,9 @@ def test_the_fp8_gemms_run(ranks, one_process, layout):
 def test_errors(ranks):
     for rank, result in enumerate(ranks[2]):
         errors = result["errors"]
+        assert errors["torch_colwise"].startswith("TypeError: fp8mp: this module's FP8 scaling buffers (fp8_meta) are "
+                                                  "DTensors: torch's ColwiseParallel"), errors["torch_colwise"]
+        assert "fp8mp.nn.tensor_parallel.Fp8ColwiseParallel / Fp8RowwiseParallel" in errors["torch_colwise"]
         assert errors["no_group"].startswith("ValueError: fp8mp.nn.Linear: the weight is sharded by tensor parallel "
                                              "over ranks [0, 1]"), errors["no_group"]
         assert "pass fp8_autocast(fp8_group=...) a ProcessGroup that contains them" in errors["no_group"]

@@ -13,7 +13,8 @@ ranks and against one process on the global batch (`train(layout, None)`):
   replicated activations), "sp" (sequence parallel: the LayerNorms on sequence shards, fc1 gathering its
   input, fc2 reduce-scattering its output), on 2 ranks; "fsdp_tp" (the "sp" plan on a 2 x 2 mesh, fully_shard
   over the data-parallel dimension) on 4;
-* "errors": what fp8mp raises for a missing or too small fp8_group, a fine-grained recipe, and
+* "train_sp_current": "sp" under CurrentScaling (every amax reduced before its cast);
+* "errors": what fp8mp raises for torch's own ColwiseParallel (FP8 buffers made DTensors), a missing or too small fp8_group, a fine-grained recipe, and
   fp8mp.optim.AdamW on parameters it cannot step (row-wise Shard(1), FSDP2 x TP).
 """
 from __future__ import annotations
@@ -128,9 +129,10 @@ def fp8_state(model, group) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items() if ".fp8_meta." in k}
 
 
-def train(layout: str | None, group) -> dict:
-    """STEPS steps on the global batch (this rank's part of it), DelayedScaling: the global mean loss of each
-    step, the FP8 state after the first step and after the last, and the fp8mp ops of step 1 by name."""
+def train(layout: str | None, group, recipe=None) -> dict:
+    """STEPS steps on the global batch (this rank's part of it) under `recipe` (None: DelayedScaling): the global
+    mean loss of each step, the FP8 state after the first step and after the last, and the fp8mp ops of step 1
+    by name."""
     model, dp = make_model(layout)
     optimizers = make_optimizers(model, layout)
     losses, first, ops = [], None, None
@@ -138,7 +140,7 @@ def train(layout: str | None, group) -> dict:
         x, y = (rank_slice(t, layout, dp) for t in batch(step))
         counter = Fp8OpCount()
         with counter:
-            with fp8mp.fp8_autocast(fp8_group=group):
+            with fp8mp.fp8_autocast(fp8_group=group, fp8_recipe=recipe):
                 out = model(x)
             loss = ((out - y) ** 2).sum() / (GLOBAL_BATCH * SEQ * DIM)  # this rank's share of the global mean
             loss.backward()
@@ -177,7 +179,15 @@ def errors() -> dict[str, str]:
     rowwise = [p for name, p in model.named_parameters() if name.endswith("fc2.weight")]
     for p in rowwise:
         p.grad = torch.zeros_like(p)
-    return {"no_group": error_of(lambda: forward(None)),
+    def torch_style():
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        layer = parallelize_module(fp8mp.convert(torch.nn.Linear(DIM, HIDDEN)), model.blocks[0].fc1.weight.device_mesh,
+                                   ColwiseParallel())
+        with fp8mp.fp8_autocast(fp8_group=dist.group.WORLD):
+            layer(x)
+
+    return {"torch_colwise": error_of(torch_style),
+            "no_group": error_of(lambda: forward(None)),
             "own_rank_only": error_of(lambda: forward(singletons[dist.get_rank()])),
             "fine_grained": error_of(lambda: forward(dist.group.WORLD, fp8mp.recipe.RowwiseScaling())),
             "adamw_rowwise": error_of(lambda: fp8mp.optim.AdamW(rowwise, state_dtype=torch.float32).step())}
@@ -198,6 +208,7 @@ def main(out_dir: str) -> None:
     if dist.get_world_size() == TP:
         results["train_tp"] = train("tp", dist.group.WORLD)
         results["train_sp"] = train("sp", dist.group.WORLD)
+        results["train_sp_current"] = train("sp", dist.group.WORLD, fp8mp.recipe.CurrentScaling())
         results["errors"] = errors()
     else:
         results["train_fsdp_tp"] = train("fsdp_tp", dist.group.WORLD)
