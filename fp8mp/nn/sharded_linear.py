@@ -24,14 +24,13 @@ and the fine-grained recipes (their block scales would follow the shards, not th
 from __future__ import annotations
 
 import math
-from typing import Callable
-
 import torch
 
+from fp8mp.nn.fp8_linear_function import fp8_linear, fp8_linear_gathered
 from fp8mp.optim.sharding import is_dtensor
 from fp8mp.scaling.recipe import BlockRecipe
 
-__all__ = ["check_fp8_group", "sharded_linear"]
+__all__ = ["check_fp8_group", "gathered_input", "sharded_linear"]
 
 # (group, mesh) -> None once checked: the ranks of a group never change, and the check costs a Python list
 # per call that the forward of every layer would otherwise pay.
@@ -69,13 +68,48 @@ def _global(local: torch.Tensor, mesh, placements, shape: tuple[int, ...]):
     return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
 
 
-def sharded_linear(module: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   local_linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-                   group, recipe) -> torch.Tensor:
-    """y = x @ weight.T + bias for DTensor `weight` and `x` in a tensor-parallel layout (module docstring),
-    computed by `local_linear(x_local, weight_local, bias_local)` on the local shards; a DTensor.
+class _GatheredRoute(torch.autograd.Function):
+    """Stands for the input gathered along `dim` from every rank's shard: zeros never read (the GEMMs take the
+    gathered FP8 codes). Backward reduce-scatters the input gradient (each rank's is its columns' share of the
+    sum) back to the shards, as the style's high-precision gather would."""
 
-    module: names the layer in errors; group: fp8_autocast's fp8_group; recipe: the recipe in use.
+    @staticmethod
+    def forward(ctx, x_local, mesh, dim, rows_shape):
+        ctx.mesh, ctx.dim, ctx.local_shape = mesh, dim, x_local.shape
+        ctx.global_shape = (*x_local.shape[:dim], -1, *x_local.shape[dim + 1:])
+        return x_local.new_zeros(()).expand(rows_shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from torch.distributed.tensor import DTensor, Partial, Shard
+        full = grad.reshape(ctx.global_shape).contiguous()
+        partial = DTensor.from_local(full, ctx.mesh, [Partial()], run_check=False)
+        return partial.redistribute(ctx.mesh, [Shard(ctx.dim)]).to_local(), None, None, None
+
+
+def _is_sequence_sharded(x, weight) -> bool:
+    """A column-wise layer's input sharded along a dimension other than K (Fp8ColwiseParallel's FP8 gather)."""
+    from torch.distributed.tensor import Shard
+    return (is_dtensor(x) and is_dtensor(weight) and weight.placements[0] == Shard(0) and x.placements[0].is_shard()
+            and x.placements[0].dim % x.dim() != x.dim() - 1)
+
+
+def gathered_input(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A column-wise layer's sequence-sharded input gathered in its own dtype (for the paths that do not run in
+    FP8: outside fp8_autocast, fallback); any other input as it is."""
+    if not _is_sequence_sharded(x, weight):
+        return x
+    from torch.distributed.tensor import Replicate
+    return x.redistribute(x.device_mesh, [Replicate()])
+
+
+def sharded_linear(module: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, meta, group,
+                   ran_before: bool) -> torch.Tensor:
+    """y = x @ weight.T + bias in FP8 for DTensor `weight` and `x` in a tensor-parallel layout (module docstring),
+    on the local shards; a DTensor. A column-wise layer's input sharded along the sequence is gathered as FP8
+    codes (`fp8_linear_gathered`).
+
+    module: names the layer in errors; meta, group, ran_before: as fp8_linear takes them.
     """
     from torch.distributed.tensor import Partial, Replicate, Shard
     if not is_dtensor(weight) or not is_dtensor(x):
@@ -87,23 +121,38 @@ def sharded_linear(module: str, x: torch.Tensor, weight: torch.Tensor, bias: tor
         raise ValueError(f"{module}: the weight is a DTensor on a {mesh.ndim}-D mesh and the input on a "
                          f"{x.device_mesh.ndim}-D one; fp8mp runs tensor parallel on a 1-D mesh (the tensor-parallel "
                          "dimension of a larger one), weight and input on the same mesh")
-    check_fp8_group(module, group, mesh, recipe)
+    check_fp8_group(module, group, mesh, meta.recipe)
     w_placement, x_placement = weight.placements[0], x.placements[0]
     out_shape = (*x.shape[:-1], weight.shape[0])
     last = x.dim() - 1
-    if w_placement == Shard(0) and x_placement == Replicate():  # column-wise
+
+    def local_linear(x_local, w_local, b_local):
+        return fp8_linear(x_local, w_local, b_local, meta, group=group, ran_before=ran_before)
+
+    if w_placement == Shard(0) and (x_placement == Replicate() or _is_sequence_sharded(x, weight)):  # column-wise
         if bias is not None and (not is_dtensor(bias) or bias.placements[0] != Shard(0)):
             raise ValueError(f"{module}: a column-wise (Shard(0)) weight needs its bias sharded Shard(0) too, got "
                              f"{getattr(bias, 'placements', type(bias).__name__)}")
-        # Each rank's input gradient is its columns' share of the sum: Partial, which the style's input
-        # redistribution (or from_local) sums.
-        x_local = x.to_local(grad_placements=[Partial()])
-        out = local_linear(x_local, weight.to_local(), bias.to_local() if bias is not None else None)
-        return _global(out, mesh, [Shard(last)], out_shape)
+        w_local, b_local = weight.to_local(), bias.to_local() if bias is not None else None
+        if x_placement == Replicate():
+            # Each rank's input gradient is its columns' share of the sum: Partial, which the style's input
+            # redistribution (or from_local) sums.
+            out = local_linear(x.to_local(grad_placements=[Partial()]), w_local, b_local)
+            return _global(out, mesh, [Shard(last)], out_shape)
+        x_local, dim = x.to_local(), x_placement.dim % x.dim()
+        rows = (math.prod(x.shape[:-1]), x.shape[-1])
+
+        def gather(codes):  # one all-gather of one byte an element (gloo has no float8: as uint8)
+            local = codes.view(torch.uint8).reshape(x_local.shape)
+            full = _global(local, mesh, [Shard(dim)], tuple(x.shape)).full_tensor()
+            return full.reshape(rows).view(codes.dtype), _GatheredRoute.apply(x_local, mesh, dim, rows)
+
+        out = fp8_linear_gathered(x_local, gather, w_local, b_local, meta, group, ran_before)
+        return _global(out.reshape(*x.shape[:-1], out.shape[-1]), mesh, [Shard(last)], out_shape)
     if w_placement == Shard(1) and x_placement.is_shard() and x_placement.dim % x.dim() == last:  # row-wise
         out = _global(local_linear(x.to_local(), weight.to_local(), None), mesh, [Partial()], out_shape)
         return out if bias is None else out + bias
     raise NotImplementedError(
         f"{module}: weight placements {tuple(weight.placements)} with input placements {tuple(x.placements)} are "
-        "not supported under tensor parallel; fp8mp runs ColwiseParallel's (weight Shard(0), input Replicate) "
-        "and RowwiseParallel's (weight Shard(1), input Shard(-1))")
+        "not supported under tensor parallel; fp8mp runs ColwiseParallel's (weight Shard(0), input Replicate or "
+        "sharded along a dimension other than the last) and RowwiseParallel's (weight Shard(1), input Shard(-1))")

@@ -19,8 +19,11 @@ because the amaxes are reduced over `fp8_group`.
 Any other module these styles are given (a plain nn.Linear or nn.Embedding left in high precision) is
 sharded exactly as torch's styles shard it.
 
-Activations are gathered in their own dtype (a sequence-parallel input is all-gathered in bf16 or fp32 by the
-style, then cast to FP8 by the layer), not in FP8 as torchao's Float8ColwiseParallel does.
+Sequence parallel: `Fp8ColwiseParallel(input_layouts=Shard(1))` all-gathers the layer's input as FP8 codes (one
+byte an element, where torch's ColwiseParallel gathers 2 in bf16 or 4 in fp32), as torchao's
+Float8ColwiseParallel does: each rank casts its shard with the input scale every rank shares (delayed scaling:
+from the amax history; current scaling: after one all-reduce of the shards' amaxes), so the gathered codes are
+those of casting the gathered input. The input gradient is reduce-scattered in its own dtype.
 """
 from __future__ import annotations
 
@@ -60,7 +63,22 @@ class _LocalFp8State:
 
 class Fp8ColwiseParallel(_LocalFp8State, ColwiseParallel):
     """torch's ColwiseParallel (weight and bias `Shard(0)`, output `Shard(-1)`) for fp8mp Linear layers: only the
-    layer's own parameters are distributed, its FP8 scaling buffers stay plain tensors (module docstring)."""
+    layer's own parameters are distributed, its FP8 scaling buffers stay plain tensors (module docstring).
+
+    fp8_all_gather: with a sequence-parallel input (`input_layouts=Shard(1)`), the layer gets the input as it
+    is sharded and all-gathers it as FP8 codes, one byte an element, cast with the scale every rank shares;
+    outside fp8_autocast (or falling back) it gathers it in its own dtype. False: the style gathers it in its own
+    dtype before the layer runs, as torch's ColwiseParallel does.
+    """
+
+    def __init__(self, *, fp8_all_gather: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(fp8_all_gather, bool):
+            raise TypeError(f"Fp8ColwiseParallel: argument 'fp8_all_gather' must be a bool, got "
+                            f"{type(fp8_all_gather).__name__}")
+        layout = self.input_layouts[0]
+        if fp8_all_gather and layout.is_shard() and layout.dim != -1:
+            self.desired_input_layouts = self.input_layouts  # the layer gathers it, in FP8
 
 
 class Fp8RowwiseParallel(_LocalFp8State, RowwiseParallel):

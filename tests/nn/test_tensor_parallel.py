@@ -1,5 +1,5 @@
 """fp8mp Linear under torch's tensor parallel, on CPU with gloo: one torchrun launch of tests/nn/tp_worker.py on
-2 processes (TP 2: column-/row-wise, and sequence parallel with the LayerNorms) and one on 4 (FSDP2 2 x TP 2),
+2 processes (TP 2: column-/row-wise, and sequence parallel with the LayerNorms, its input all-gathered in FP8) and one on 4 (FSDP2 2 x TP 2),
 compared here with one process on the global batch (fp32 parameters, the same optimizers).
 
 * The FP8 amaxes are max-reduced over fp8_autocast(fp8_group=WORLD), so every rank holds the same FP8 state,
@@ -8,6 +8,8 @@ compared here with one process on the global batch (fp32 parameters, the same op
   activations and gradients differ in their last bits (partial sums added in another order).
 * Losses within 1e-4 relative of one process's over STEPS steps.
 * Every step runs the FP8 GEMMs: three fp8_gemm calls per Linear (forward, input and weight gradients).
+* Under sequence parallel, Fp8ColwiseParallel all-gathers the input as FP8 codes with the same results, bit for
+  bit, as gathering it in its own dtype.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 TIMEOUT_S = 180
 WORKER = pathlib.Path(__file__).with_name("tp_worker.py")
 LINEARS = 4  # two blocks of fc1, fc2
-LAYOUTS = {"tp": 2, "sp": 2, "fsdp_tp": 4}
+LAYOUTS = {"tp": 2, "sp": 2, "sp_bf16_gather": 2, "fsdp_tp": 4}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -108,6 +110,20 @@ def test_the_fp8_gemms_run(ranks, one_process, layout):
     assert one_process["ops"]["fp8mp.fp8_gemm"] == 3 * LINEARS
     for rank in ranks[LAYOUTS[layout]]:
         assert rank[f"train_{layout}"]["ops"]["fp8mp.fp8_gemm"] == 3 * LINEARS
+
+
+def test_sequence_parallel_gathers_the_input_in_fp8(ranks):
+    """Fp8ColwiseParallel(input_layouts=Shard(1)) all-gathers fc1's input as FP8 codes cast from each shard with the
+    shared scale: the same losses and FP8 state, bit for bit, as gathering it in fp32 first, a quarter of its
+    bytes (the step's other all-gathers, fc2's output gradients, are the same in both)."""
+    local_numel = tp_worker.GLOBAL_BATCH * tp_worker.SEQ // tp_worker.TP * tp_worker.DIM
+    for rank in ranks[2]:
+        fp8, fp32 = rank["train_sp"], rank["train_sp_bf16_gather"]
+        assert fp8["losses"] == fp32["losses"]
+        assert same_bits(fp8["first"], fp32["first"]) and same_bits(fp8["last"], fp32["last"])
+        assert fp32["ops"]["gathered_bytes"] - fp8["ops"]["gathered_bytes"] == 2 * local_numel * (4 - 1)
+        # fc1's input cast without its transpose (the gathered codes are transposed as bytes)
+        assert fp8["ops"]["fp8mp.cast_to_fp8"] == fp32["ops"]["fp8mp.cast_to_fp8"] + 2
 
 
 def test_errors(ranks):

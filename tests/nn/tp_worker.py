@@ -10,8 +10,9 @@ ranks and against one process on the global batch (`train(layout, None)`):
 
 * "train_<layout>": STEPS training steps: losses, the FP8 state (amaxes, histories, scales) after the first
   step and after the last, and the fp8mp ops one step ran. Layouts: "tp" (column-wise fc1, row-wise fc2,
-  replicated activations), "sp" (sequence parallel: the LayerNorms on sequence shards, fc1 gathering its
-  input, fc2 reduce-scattering its output), on 2 ranks; "fsdp_tp" (the "sp" plan on a 2 x 2 mesh, fully_shard
+  replicated activations), "sp" (sequence parallel: the LayerNorms on sequence shards, fc1 all-gathering its
+  input as FP8 codes, fc2 reduce-scattering its output), "sp_bf16_gather" (the same, fc1's input gathered in
+  its own dtype by the style), on 2 ranks; "fsdp_tp" (the "sp" plan on a 2 x 2 mesh, fully_shard
   over the data-parallel dimension) on 4;
 * "train_sp_current": "sp" under CurrentScaling (every amax reduced before its cast);
 * "errors": what fp8mp raises for torch's own ColwiseParallel (FP8 buffers made DTensors), a missing or too small fp8_group, a fine-grained recipe, and
@@ -64,7 +65,8 @@ def plan(layout: str) -> dict:
     from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
     if layout == "tp":
         return {"fc1": Fp8ColwiseParallel(), "fc2": Fp8RowwiseParallel()}
-    return {"norm": SequenceParallel(), "fc1": Fp8ColwiseParallel(input_layouts=Shard(1)),
+    return {"norm": SequenceParallel(),
+            "fc1": Fp8ColwiseParallel(input_layouts=Shard(1), fp8_all_gather=layout != "sp_bf16_gather"),
             "fc2": Fp8RowwiseParallel(output_layouts=Shard(1))}
 
 
@@ -95,6 +97,20 @@ def make_model(layout: str | None):
     return model, (mesh["dp"].get_local_rank(), mesh["dp"].size())
 
 
+class StepCount(Fp8OpCount):
+    """The fp8mp ops by name, and `gathered`: the bytes this rank contributes to all-gathers (its shards)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gathered = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "all_gather" in str(func.overloadpacket):  # (FSDP2's take lists)
+            sent = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            self.gathered += sum(t.numel() * t.element_size() for t in sent if isinstance(t, torch.Tensor))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(100 + step)
     return torch.randn(GLOBAL_BATCH, SEQ, DIM, generator=gen), torch.randn(GLOBAL_BATCH, SEQ, DIM, generator=gen)
@@ -105,7 +121,7 @@ def rank_slice(t: torch.Tensor, layout: str | None, dp: tuple[int, int]) -> torc
     parallel its tensor-parallel chunk of the sequence."""
     rank, size = dp
     t = t[rank * GLOBAL_BATCH // size:(rank + 1) * GLOBAL_BATCH // size]
-    if layout in ("sp", "fsdp_tp"):
+    if layout in ("sp", "sp_bf16_gather", "fsdp_tp"):
         tp_rank = dist.get_rank() % TP  # the tp dimension is the mesh's last: consecutive ranks
         t = t[:, tp_rank * SEQ // TP:(tp_rank + 1) * SEQ // TP]
     return t
@@ -132,13 +148,13 @@ def fp8_state(model, group) -> dict[str, torch.Tensor]:
 def train(layout: str | None, group, recipe=None) -> dict:
     """STEPS steps on the global batch (this rank's part of it) under `recipe` (None: DelayedScaling): the global
     mean loss of each step, the FP8 state after the first step and after the last, and the fp8mp ops of step 1
-    by name."""
+    by name, with the bytes it all-gathered ("gathered_bytes")."""
     model, dp = make_model(layout)
     optimizers = make_optimizers(model, layout)
     losses, first, ops = [], None, None
     for step in range(STEPS):
         x, y = (rank_slice(t, layout, dp) for t in batch(step))
-        counter = Fp8OpCount()
+        counter = StepCount()
         with counter:
             with fp8mp.fp8_autocast(fp8_group=group, fp8_recipe=recipe):
                 out = model(x)
@@ -148,13 +164,13 @@ def train(layout: str | None, group, recipe=None) -> dict:
             optimizer.step()
             optimizer.zero_grad()
         total = loss.detach().clone()
-        if layout in ("sp", "fsdp_tp"):  # shares of the loss: the data-parallel rows, the sequence chunks
+        if layout in ("sp", "sp_bf16_gather", "fsdp_tp"):  # shares of the loss: the data-parallel rows, the sequence chunks
             dist.all_reduce(total)
         losses.append(total.item())
         if step == 0:
             first = fp8_state(model, group)
         if step == 1:
-            ops = counter.counts
+            ops = dict(counter.counts, gathered_bytes=counter.gathered)
     return {"losses": losses, "first": first, "last": fp8_state(model, group), "ops": ops}
 
 
@@ -208,6 +224,7 @@ def main(out_dir: str) -> None:
     if dist.get_world_size() == TP:
         results["train_tp"] = train("tp", dist.group.WORLD)
         results["train_sp"] = train("sp", dist.group.WORLD)
+        results["train_sp_bf16_gather"] = train("sp_bf16_gather", dist.group.WORLD)
         results["train_sp_current"] = train("sp", dist.group.WORLD, fp8mp.recipe.CurrentScaling())
         results["errors"] = errors()
     else:
