@@ -44,6 +44,8 @@ How it composes:
 * Threads: the hooks keep their per-call state in a thread-local stack; torch's saved-tensor hooks
   are thread-local too, so no global state changes.
 * Double backward (create_graph=True) differentiates through the FP8-rounded values.
+* DTensors (a norm under tensor parallel's SequenceParallel): each rank stores its local shard, and backward gets
+  a DTensor of the same layout back; sharded along the sequence, the groups are the whole tensor's.
 """
 from __future__ import annotations
 
