@@ -37,8 +37,9 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 # version can change (the build, every op through the stable ABI, fakes, opcheck, autograd, dispatch, compile,
 # the modules, scaling, training, the integrations, the layering), less the whole-run tests that only repeat
 # those pieces at length (the examples' training runs, the fuzzer, the GPU check's dry run, the kill/resume and
-# soak runs, the memory benchmark's CLI, the tensor-parallel torchrun runs); 2.12 (its dynamo differs from both: it once broke the compile tests
-# alone) and the CPU build of 2.13 run the build, the ops, compile and a module on top. This keeps make test
+# soak runs, the memory benchmark's CLI, the tensor-parallel torchrun runs); 2.12 (its dynamo differs from both:
+# it once broke the compile tests alone) and the CPU build of 2.13 run the build, the ops, compile and a module
+# on top. This keeps make test
 # within 45 minutes on a 2-core machine (`make test-wheel-torch212 WHEEL_TESTS_212=` runs all of WHEEL_TESTS).
 # tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
 WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
