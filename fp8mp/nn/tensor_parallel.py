@@ -27,9 +27,13 @@ those of casting the gathered input. The input gradient is reduce-scattered in i
 """
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.optim.sharding import is_dtensor
 from fp8mp.scaling.fp8_meta import Fp8Meta
 
@@ -79,6 +83,14 @@ class Fp8ColwiseParallel(_LocalFp8State, ColwiseParallel):
         layout = self.input_layouts[0]
         if fp8_all_gather and layout.is_shard() and layout.dim != -1:
             self.desired_input_layouts = self.input_layouts  # the layer gathers it, in FP8
+
+    def _apply(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
+        if not isinstance(module, Fp8Module) and self.desired_input_layouts != (Replicate(),):
+            # a module that is not fp8mp's (a Linear kept in high precision) gets its input gathered by the style
+            style = copy.copy(self)
+            style.desired_input_layouts = (Replicate(),)
+            return super(Fp8ColwiseParallel, style)._apply(module, device_mesh)
+        return super()._apply(module, device_mesh)
 
 
 class Fp8RowwiseParallel(_LocalFp8State, RowwiseParallel):

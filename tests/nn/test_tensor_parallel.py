@@ -129,6 +129,9 @@ def test_sequence_parallel_gathers_the_input_in_fp8(ranks):
 def test_errors(ranks):
     for rank, result in enumerate(ranks[2]):
         errors = result["errors"]
+        # a torch Linear under Fp8ColwiseParallel(input_layouts=Shard(1)): its input gathered by the style, as torch's
+        difference, placements = errors["plain_linear_sequence_parallel"]
+        assert difference < 1e-6 and [str(p) for p in placements] == ["(Replicate(),)"]
         assert errors["torch_colwise"].startswith("TypeError: fp8mp: this module's FP8 scaling buffers (fp8_meta) are "
                                                   "DTensors: torch's ColwiseParallel"), errors["torch_colwise"]
         assert "fp8mp.nn.tensor_parallel.Fp8ColwiseParallel / Fp8RowwiseParallel" in errors["torch_colwise"]

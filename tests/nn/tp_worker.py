@@ -202,7 +202,26 @@ def errors() -> dict[str, str]:
         with fp8mp.fp8_autocast(fp8_group=dist.group.WORLD):
             layer(x)
 
-    return {"torch_colwise": error_of(torch_style),
+    def plain_linear_sequence_parallel():
+        """A torch nn.Linear (not fp8mp's) under Fp8ColwiseParallel(input_layouts=Shard(1)): the style gathers its
+        input: the output's largest difference from the unsharded layer's, and the input placements it got."""
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor.parallel import parallelize_module
+        from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel
+        torch.manual_seed(1)
+        whole = torch.nn.Linear(DIM, HIDDEN)
+        torch.manual_seed(1)  # the same parameters
+        layer = parallelize_module(torch.nn.Linear(DIM, HIDDEN), model.blocks[0].fc1.weight.device_mesh,
+                                   Fp8ColwiseParallel(input_layouts=Shard(1), use_local_output=False))
+        seen = []  # the input's placements as the layer gets it (after the style's own pre-hook)
+        layer.register_forward_pre_hook(lambda module, args: seen.append(args[0].placements))
+        with torch.no_grad():
+            tp_rank = dist.get_rank()
+            out = layer(x[:, tp_rank * SEQ // TP:(tp_rank + 1) * SEQ // TP]).full_tensor()
+            return (out - whole(x)).abs().max().item(), seen
+
+    return {"plain_linear_sequence_parallel": plain_linear_sequence_parallel(),
+            "torch_colwise": error_of(torch_style),
             "no_group": error_of(lambda: forward(None)),
             "own_rank_only": error_of(lambda: forward(singletons[dist.get_rank()])),
             "fine_grained": error_of(lambda: forward(dist.group.WORLD, fp8mp.recipe.RowwiseScaling())),
