@@ -2,6 +2,7 @@
 each rank saved as OUT_DIR/rank-<r>.pt."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import socket
@@ -41,3 +42,14 @@ def run_ranks(worker: pathlib.Path, nproc: int, out_dir: pathlib.Path, timeout_s
     print(f"torchrun {worker.name} x{nproc}: {time.monotonic() - start:.1f} s")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return [torch.load(out_dir / f"rank-{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run the block on one thread, as the workers run (torch's global setting, restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -21,23 +21,14 @@ import torch.distributed as dist
 
 import fp8mp
 import tp_worker
-from torchrun_launch import run_ranks
+from torchrun_launch import one_thread, run_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
 TIMEOUT_S = 180
 WORKER = pathlib.Path(__file__).with_name("tp_worker.py")
 LINEARS = 4  # two blocks of fc1, fc2
-LAYOUTS = {"tp": 2, "sp": 2, "sp_bf16_gather": 2, "fsdp_tp": 4}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The references run like the workers, on one thread (torch's global setting, restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+LAYOUTS = {"tp": 2, "sp": 2, "sp_hp_gather": 2, "fsdp_tp": 4}
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +38,14 @@ def ranks(tmp_path_factory) -> dict[int, list[dict]]:
 
 @pytest.fixture(scope="module")
 def one_process() -> dict:
-    return tp_worker.train(None, None)
+    with one_thread():
+        return tp_worker.train(None, None)
 
 
 @pytest.fixture(scope="module")
 def one_process_current() -> dict:
-    return tp_worker.train(None, None, fp8mp.recipe.CurrentScaling())
+    with one_thread():
+        return tp_worker.train(None, None, fp8mp.recipe.CurrentScaling())
 
 
 def test_current_scaling_matches_one_process(ranks, one_process_current):
@@ -118,7 +111,7 @@ def test_sequence_parallel_gathers_the_input_in_fp8(ranks):
     bytes (the step's other all-gathers, fc2's output gradients, are the same in both)."""
     local_numel = tp_worker.GLOBAL_BATCH * tp_worker.SEQ // tp_worker.TP * tp_worker.DIM
     for rank in ranks[2]:
-        fp8, fp32 = rank["train_sp"], rank["train_sp_bf16_gather"]
+        fp8, fp32 = rank["train_sp"], rank["train_sp_hp_gather"]
         assert fp8["losses"] == fp32["losses"]
         assert same_bits(fp8["first"], fp32["first"]) and same_bits(fp8["last"], fp32["last"])
         assert fp32["ops"]["gathered_bytes"] - fp8["ops"]["gathered_bytes"] == 2 * local_numel * (4 - 1)

@@ -3,20 +3,21 @@
     python -m torch.distributed.run --nproc_per_node 2 ... tests/nn/tp_worker.py OUT_DIR      (tensor parallel 2)
     python -m torch.distributed.run --nproc_per_node 4 ... tests/nn/tp_worker.py OUT_DIR      (FSDP2 2 x TP 2)
 
-fp8mp Linear layers under torch's own tensor-parallel styles (parallelize_module with ColwiseParallel /
-RowwiseParallel, SequenceParallel on the LayerNorms), fp32 parameters, the FP8 amaxes reduced over
+fp8mp Linear layers under tensor parallel (parallelize_module with fp8mp's Fp8ColwiseParallel /
+Fp8RowwiseParallel, torch's SequenceParallel on the LayerNorms), fp32 parameters, the FP8 amaxes reduced over
 fp8_autocast(fp8_group=WORLD). Every rank writes OUT_DIR/rank-<r>.pt with what the test compares between the
 ranks and against one process on the global batch (`train(layout, None)`):
 
 * "train_<layout>": STEPS training steps: losses, the FP8 state (amaxes, histories, scales) after the first
-  step and after the last, and the fp8mp ops one step ran. Layouts: "tp" (column-wise fc1, row-wise fc2,
-  replicated activations), "sp" (sequence parallel: the LayerNorms on sequence shards, fc1 all-gathering its
-  input as FP8 codes, fc2 reduce-scattering its output), "sp_bf16_gather" (the same, fc1's input gathered in
-  its own dtype by the style), on 2 ranks; "fsdp_tp" (the "sp" plan on a 2 x 2 mesh, fully_shard
-  over the data-parallel dimension) on 4;
+  step and after the last, the fp8mp ops and all-gathered bytes of one step. Layouts: "tp" (column-wise fc1,
+  row-wise fc2, replicated activations), "sp" (sequence parallel: the LayerNorms on sequence shards, fc1
+  all-gathering its input as FP8 codes, fc2 reduce-scattering its output), "sp_hp_gather" (the same, fc1's
+  input gathered in its own dtype, fp32, by the style), on 2 ranks; "fsdp_tp" (the "sp" plan on a 2 x 2 mesh,
+  fully_shard over the data-parallel dimension) on 4;
 * "train_sp_current": "sp" under CurrentScaling (every amax reduced before its cast);
-* "errors": what fp8mp raises for torch's own ColwiseParallel (FP8 buffers made DTensors), a missing or too small fp8_group, a fine-grained recipe, and
-  fp8mp.optim.AdamW on parameters it cannot step (row-wise Shard(1), FSDP2 x TP).
+* "errors": a torch Linear under Fp8ColwiseParallel with a sequence-parallel input, and what fp8mp raises for
+  torch's own ColwiseParallel (FP8 buffers made DTensors), a missing or too small fp8_group, a fine-grained
+  recipe, and fp8mp.optim.AdamW on parameters it cannot step (row-wise Shard(1), FSDP2 x TP).
 """
 from __future__ import annotations
 
@@ -37,10 +38,11 @@ TP = 2
 
 
 class Block(torch.nn.Module):
+    """x + fc2(gelu(fc1(norm(x)))): the layers a tensor-parallel plan names."""
+
     def __init__(self):
         super().__init__()
-        self.norm = torch.nn.LayerNorm(DIM)
-        self.fc1 = torch.nn.Linear(DIM, HIDDEN)
+        self.norm, self.fc1 = torch.nn.LayerNorm(DIM), torch.nn.Linear(DIM, HIDDEN)
         self.fc2 = torch.nn.Linear(HIDDEN, DIM)
 
     def forward(self, x):
@@ -66,7 +68,7 @@ def plan(layout: str) -> dict:
     if layout == "tp":
         return {"fc1": Fp8ColwiseParallel(), "fc2": Fp8RowwiseParallel()}
     return {"norm": SequenceParallel(),
-            "fc1": Fp8ColwiseParallel(input_layouts=Shard(1), fp8_all_gather=layout != "sp_bf16_gather"),
+            "fc1": Fp8ColwiseParallel(input_layouts=Shard(1), fp8_all_gather=layout != "sp_hp_gather"),
             "fc2": Fp8RowwiseParallel(output_layouts=Shard(1))}
 
 
@@ -121,7 +123,7 @@ def rank_slice(t: torch.Tensor, layout: str | None, dp: tuple[int, int]) -> torc
     parallel its tensor-parallel chunk of the sequence."""
     rank, size = dp
     t = t[rank * GLOBAL_BATCH // size:(rank + 1) * GLOBAL_BATCH // size]
-    if layout in ("sp", "sp_bf16_gather", "fsdp_tp"):
+    if layout in ("sp", "sp_hp_gather", "fsdp_tp"):
         tp_rank = dist.get_rank() % TP  # the tp dimension is the mesh's last: consecutive ranks
         t = t[:, tp_rank * SEQ // TP:(tp_rank + 1) * SEQ // TP]
     return t
@@ -164,7 +166,7 @@ def train(layout: str | None, group, recipe=None) -> dict:
             optimizer.step()
             optimizer.zero_grad()
         total = loss.detach().clone()
-        if layout in ("sp", "sp_bf16_gather", "fsdp_tp"):  # shares of the loss: the data-parallel rows, the sequence chunks
+        if layout in ("sp", "sp_hp_gather", "fsdp_tp"):  # shares of the loss: data-parallel rows, sequence chunks
             dist.all_reduce(total)
         losses.append(total.item())
         if step == 0:
@@ -243,7 +245,7 @@ def main(out_dir: str) -> None:
     if dist.get_world_size() == TP:
         results["train_tp"] = train("tp", dist.group.WORLD)
         results["train_sp"] = train("sp", dist.group.WORLD)
-        results["train_sp_bf16_gather"] = train("sp_bf16_gather", dist.group.WORLD)
+        results["train_sp_hp_gather"] = train("sp_hp_gather", dist.group.WORLD)
         results["train_sp_current"] = train("sp", dist.group.WORLD, fp8mp.recipe.CurrentScaling())
         results["errors"] = errors()
     else:
