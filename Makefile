@@ -37,14 +37,14 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 # version can change (the build, every op through the stable ABI, fakes, opcheck, autograd, dispatch, compile,
 # the modules, scaling, training, the integrations, the layering), less the whole-run tests that only repeat
 # those pieces at length (the examples' training runs, the fuzzer, the GPU check's dry run, the kill/resume,
-# resharded-checkpoint and soak runs, the memory benchmark's CLI); 2.12 (its dynamo differs from both: it once
+# resharded-checkpoint and soak runs, the memory benchmark's CLI, the tensor-parallel torchrun runs); 2.12 (its dynamo differs from both: it once
 # broke the compile tests alone) and the CPU build of 2.13 run the build, the ops, compile and a module on top.
 # This keeps make test within 45 minutes on a 2-core machine (`make test-wheel-torch212 WHEEL_TESTS_212=` runs
 # all of WHEEL_TESTS).
 # tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
 WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
   tests/training/test_soak.py tests/test_bench_train_memory.py tests/test_bench_step_in_backward.py \
-  tests/optim/test_dcp_reshard.py
+  tests/optim/test_dcp_reshard.py tests/nn/test_tensor_parallel.py
 # The Lightning and accelerate integrations run in .venv, against the frameworks' pinned releases.
 FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py
 WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py \

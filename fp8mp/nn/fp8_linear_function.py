@@ -196,6 +196,26 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def fp8_linear_gathered(x_shard: torch.Tensor, gather: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                        weight: torch.Tensor, bias: torch.Tensor | None, meta: Fp8Meta, group=None,
+                        ran_before: bool = False) -> torch.Tensor:
+    """y = X @ weight.T + bias [M, N], X [M, K] the rows every rank's `x_shard` [..., K] make together (sequence
+    parallel), gathered in FP8: this rank's shard is cast with the INPUT scale every rank shares (its amax, like
+    fp8_linear's, reduced over `group`), and `gather(codes)` returns (X's codes [M, K], route), route [M, K] the
+    tensor standing for X in autograd, whose gradient it hands back to the shards. The cast is elementwise with
+    one scale, so the gathered codes are those of casting X itself. The caller holds `meta.lock()`.
+    """
+    x2d = x_shard.reshape(-1, x_shard.shape[-1])
+    grad_scale_fn = meta.prepare_forward_scales(x2d, weight, group, ran_before)
+    options = linear_options(meta, grad_scale_fn, output_dtype(x_shard))
+    cols = options.columns if options.columns is not None else columns_of(*meta.forward_buffers())
+    x_fp8, route = gather(cast_to_fp8(x2d.contiguous(), cols.scale[INPUT], cols.amax[INPUT], options.formats[0]))
+    x_fp8_t = x_fp8.view(torch.uint8).t().contiguous().view(x_fp8.dtype)  # (a byte transpose: wgrad's operand)
+    out = Fp8LinearFunction.apply(route, weight, bias, meta.forward_buffers(), None, (x_fp8, x_fp8_t), options)
+    meta.mark_initialized()
+    return out
+
+
 def check_input(module: str, input: torch.Tensor, in_features: int, weight: torch.Tensor) -> None:
     """The argument checks of an FP8 linear module's forward; `module` names it in the messages."""
     if input.dim() == 0 or input.shape[-1] != in_features:

@@ -12,6 +12,8 @@ from fp8mp.nn.block_linear_function import stored_weight_operands
 from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
 from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight
 from fp8mp.nn.fp8_module import Fp8Module
+from fp8mp.nn.sharded_linear import gathered_input, sharded_linear
+from fp8mp.optim.sharding import is_dtensor
 
 # The buffers an FP8-stored weight may have, in the order stored_weight_operands takes the block ones.
 FP8_WEIGHT_BUFFERS = ("weight_fp8", "weight_scale_inv", "weight_fp8_t", "weight_scale_inv_t", "weight_scale")
@@ -59,7 +61,7 @@ class Linear(Fp8Module, torch.nn.Linear):
     def high_precision_forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.weight is None:
             return self.fallback_forward(input)
-        return F.linear(input, self.weight, self.bias)
+        return F.linear(gathered_input(input, self.weight), self.weight, self.bias)
 
     def fallback_forward(self, input: torch.Tensor) -> torch.Tensor:
         """F.linear in the input's dtype: the fallback path, and FP8-weight layers outside fp8_autocast."""
@@ -67,13 +69,19 @@ class Linear(Fp8Module, torch.nn.Linear):
             weight = self.decode_stored_weight(input.dtype, self._weight_grad_leaf())
         else:
             weight = self.weight.to(input.dtype)
+            input = gathered_input(input, weight)
         return F.linear(input, weight, self.bias.to(input.dtype) if self.bias is not None else None)
 
     def fp8_forward(self, input: torch.Tensor, ran_before: bool) -> torch.Tensor:
         meta = self.fp8_meta
         weight, stored = self.fp8_weight_operands(meta.recipe)
-        return fp8_linear(input, weight, self.bias, meta, fp8_weight=stored, group=autocast_state.get_fp8_group(),
-                          ran_before=ran_before)
+        group = autocast_state.get_fp8_group()
+        if is_dtensor(weight) or is_dtensor(input):  # tensor parallel: run on the local shards
+            if stored is not None:
+                raise NotImplementedError("fp8mp.nn.Linear: an FP8-stored or frozen FP8 weight under tensor parallel "
+                                          "is not supported; keep the weight a high-precision parameter")
+            return sharded_linear("fp8mp.nn.Linear", input, weight, self.bias, meta, group, ran_before)
+        return fp8_linear(input, weight, self.bias, meta, fp8_weight=stored, group=group, ran_before=ran_before)
 
     def fp8_weight_operands(self, recipe) -> tuple[torch.Tensor | None, object]:
         """(weight, stored) as the FP8 linear functions take them under `recipe`: the `weight` parameter and

@@ -44,6 +44,8 @@ How it composes:
 * Threads: the hooks keep their per-call state in a thread-local stack; torch's saved-tensor hooks
   are thread-local too, so no global state changes.
 * Double backward (create_graph=True) differentiates through the FP8-rounded values.
+* DTensors (a norm under tensor parallel's SequenceParallel): each rank stores its local shard, and backward gets
+  a DTensor of the same layout back; sharded along the sequence, the groups are the whole tensor's.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from typing import Any, Callable
 import torch
 
 from fp8mp.ops.blockwise import block_dequantize, block_quantize
+from fp8mp.optim.sharding import is_dtensor
 
 __all__ = ["enable_fp8_saved_activations", "disable_fp8_saved_activations", "has_fp8_saved_activations",
            "is_fp8_saved_activation_module", "fp8_saved_bytes_per_element", "GROUP_SIZE", "SAVED_FORMAT"]
@@ -100,12 +103,24 @@ class Fp8SavedTensor:
     """What the pack hook stores for one saved tensor: E4M3 data [rows, cols] and fp32 scale_inv
     [rows, ceil(cols / 128)] (or what the enclosing hooks made of them), and the tensor's shape and dtype."""
 
-    __slots__ = ("data", "scale_inv", "shape", "dtype", "outer_unpack", "unpacked")
+    __slots__ = ("data", "scale_inv", "shape", "dtype", "outer_unpack", "unpacked", "dtensor_layout")
 
-    def __init__(self, data, scale_inv, shape: torch.Size, dtype: torch.dtype, outer_unpack):
+    def __init__(self, data, scale_inv, shape: torch.Size, dtype: torch.dtype, outer_unpack, dtensor_layout=None):
         self.data, self.scale_inv, self.shape, self.dtype = data, scale_inv, shape, dtype
         self.outer_unpack = outer_unpack
         self.unpacked = None  # (data, scale_inv) once the enclosing hooks gave them back
+        # A DTensor's (mesh, placements, global shape, stride): its local tensor is what is stored (`shape` is
+        # the local one), and backward gets a DTensor of that layout back.
+        self.dtensor_layout = dtensor_layout
+
+    def tensor(self) -> torch.Tensor:
+        """The stored tensor, decoded (a DTensor again where one was saved)."""
+        values = dequantize_saved(*self.pieces(), self.shape, self.dtype)
+        if self.dtensor_layout is None:
+            return values
+        from torch.distributed.tensor import DTensor
+        mesh, placements, shape, stride = self.dtensor_layout
+        return DTensor.from_local(values, mesh, placements, run_check=False, shape=shape, stride=stride)
 
     def pieces(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.outer_unpack is None:
@@ -160,20 +175,25 @@ class _Call:
     def pack(self, x: torch.Tensor) -> Any:
         if not self.stores_in_fp8(x):
             return ("kept", self.outer_pack(x) if self.outer_pack is not None else x.detach())
-        key = (x.data_ptr(), x.shape, x.stride(), x.dtype)
+        local, layout = x, None
+        if is_dtensor(x):  # (a norm under sequence parallel): store the local shard, its groups the whole tensor's
+            with torch.no_grad():
+                local = x.to_local()
+            layout = (x.device_mesh, x.placements, x.shape, x.stride())
+        key = (local.data_ptr(), x.shape, x.stride(), x.dtype)
         seen = self.stored.get(key)
         if seen is not None and seen[1] == x._version:
             return seen[2]
-        data, scale_inv = quantize_saved(x)
+        data, scale_inv = quantize_saved(local)
         if self.outer_pack is not None:
             data, scale_inv = self.outer_pack(data), self.outer_pack(scale_inv)
-        packed = Fp8SavedTensor(data, scale_inv, x.shape, x.dtype, self.outer_unpack)
+        packed = Fp8SavedTensor(data, scale_inv, local.shape, x.dtype, self.outer_unpack, layout)
         self.stored[key] = (x, x._version, packed)
         return packed
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, Fp8SavedTensor):
-            return dequantize_saved(*packed.pieces(), packed.shape, packed.dtype)
+            return packed.tensor()
         kept = packed[1]
         return self.outer_unpack(kept) if self.outer_unpack is not None else kept
 

@@ -192,6 +192,10 @@ class FusedOptimizer(torch.optim.Optimizer):
                 work.append((group, p, state_dtype, layout))
         if not work:
             return loss
+        for _, p, _, _ in work:  # every check passed: now the collectives, in parameter order on every rank
+            if sharding.is_dtensor(p) and p.grad.placements != p.placements:
+                # Partial sums of a replicated parameter's gradient (sequence parallel's norm weights): one all_reduce
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         found_inf = None
         if self.skip_nonfinite:
             found_inf = self._found_nonfinite([sharding.local(p.grad) for _, p, _, _ in work],
@@ -210,10 +214,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         that its FP8 blocks can follow the whole tensor; every check raises before any collective of the step."""
         layout = sharding.shard_layout(p, name)
         if sharding.is_dtensor(p) != sharding.is_dtensor(p.grad) or (
-                sharding.is_dtensor(p) and (p.grad.placements != p.placements or p.grad.device_mesh != p.device_mesh)):
+                sharding.is_dtensor(p) and not sharding.grad_matches(p, p.grad)):
             raise ValueError(f"{type(self).__name__}: parameter {name} (shape {list(p.shape)}) has a gradient not "
                              "sharded like it; the fused optimizers step a DTensor parameter with a DTensor "
-                             "gradient of the same mesh and placements (FSDP2's reduce-scattered gradients)")
+                             "gradient of the same mesh and placements (FSDP2's reduce-scattered gradients; "
+                             "Partial where the parameter is replicated)")
         if state_dtype == torch.float8_e4m3fn:
             sharding.check_fp8_blocks(p, layout, name)
         return layout

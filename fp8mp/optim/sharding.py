@@ -30,8 +30,8 @@ import torch
 
 from fp8mp.ops.optim import STATE_BLOCK
 
-__all__ = ["ShardLayout", "check_fp8_blocks", "is_dtensor", "local", "reduction_groups", "scale_shape",
-           "shard_layout"]
+__all__ = ["ShardLayout", "check_fp8_blocks", "grad_matches", "is_dtensor", "local", "reduction_groups",
+           "scale_shape", "shard_layout"]
 
 
 def is_dtensor(t) -> bool:
@@ -80,7 +80,8 @@ def shard_layout(p: torch.Tensor, name: str) -> ShardLayout:
     if len(sharded) > 1 or any(p.placements[d] != Shard(0) for d in sharded):
         raise ValueError(f"fp8mp.optim: {_where(name, p)} has placements {tuple(p.placements)}; the fused optimizers "
                          "step DTensor parameters sharded along dim 0 on one mesh dimension (FSDP2's Shard(0), "
-                         "Replicate elsewhere)")
+                         "tensor parallel's column-wise Shard(0), Replicate elsewhere); step the others (row-wise "
+                         "Shard(1) weights, FSDP2 x tensor parallel) with a torch.optim optimizer")
     if not sharded:
         return ShardLayout(rows, row_numel, rows, 0)
     mesh_dim = sharded[0]
@@ -88,6 +89,13 @@ def shard_layout(p: torch.Tensor, name: str) -> ShardLayout:
     chunk = -(-rows // ranks)
     row_start = min(p.device_mesh.get_local_rank(mesh_dim) * chunk, rows)
     return ShardLayout(rows, row_numel, chunk, row_start)
+
+
+def grad_matches(p: torch.Tensor, grad: torch.Tensor) -> bool:
+    """Whether DTensor `grad` is laid out like DTensor `p`, or awaits only sums where p is replicated (the
+    `Partial` gradients of a replicated weight under tensor parallel, e.g. a norm under sequence parallel)."""
+    return grad.device_mesh == p.device_mesh and all(
+        g == q or (g.is_partial() and q.is_replicate()) for g, q in zip(grad.placements, p.placements))
 
 
 def check_fp8_blocks(p: torch.Tensor, layout: ShardLayout, name: str) -> None:

@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from fp8mp.optim.sharding import is_dtensor
 from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe, gemm_fast_accum
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
@@ -239,6 +240,11 @@ class Fp8Meta(torch.nn.Module):
         """Adopt `recipe` (history length, formats); a no-op when it is the one already in use."""
         if recipe is self.recipe:
             return
+        if is_dtensor(self.fp8_max):
+            raise TypeError("fp8mp: this module's FP8 scaling buffers (fp8_meta) are DTensors: torch's ColwiseParallel / "
+                            "RowwiseParallel (distribute_module) replicate every buffer of the modules they shard. "
+                            "Parallelize fp8mp Linear layers with fp8mp.nn.tensor_parallel.Fp8ColwiseParallel / "
+                            "Fp8RowwiseParallel, which keep them plain tensors")
         # Current scaling keeps whatever history there is (unused), so checkpoint shapes do not depend on the recipe.
         if isinstance(recipe, DelayedScaling) and self.amax_history.shape[0] != recipe.amax_history_len:
             self.amax_history = self.amax_history.new_zeros(recipe.amax_history_len, self.num_tensors)
