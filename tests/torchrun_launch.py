@@ -1,4 +1,4 @@
-"""Launch a test worker under torchrun (gloo on CPU, loopback, a free port, a time bound) and read back what
+"""Launch a test worker under torchrun (gloo on CPU, loopback, a free port, a time bound), and read back what
 each rank saved as OUT_DIR/rank-<r>.pt."""
 from __future__ import annotations
 
@@ -22,25 +22,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(worker: pathlib.Path, nproc: int, out_dir: pathlib.Path, timeout_s: float, *args: str) -> list[dict]:
-    """Run `worker OUT_DIR *args` on `nproc` processes, one thread each; every rank's saved results, by rank.
+def launch(script: pathlib.Path | str, world: int, args: list[str], timeout_s: float) -> float:
+    """Run `script` (a path, or a name under tests/optim) under torchrun with `world` processes, one thread
+    each, and `args`; its wall time in seconds.
 
     A launch that fails (a port taken between the probe and the bind, a loaded host) runs once more; a
     failure that comes back fails with the tail of the output.
     """
+    script = pathlib.Path(script)
+    if not script.is_absolute():
+        script = REPO / "tests" / "optim" / script
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), str(worker), str(out_dir), *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(script), *args]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         warnings.warn(f"torchrun failed (exit {proc.returncode}); running it again. Its output's tail:\n"
                       + proc.stderr[-2000:])
         cmd[cmd.index("--master_port") + 1] = str(free_port())
+        start = time.monotonic()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    print(f"torchrun {worker.name} x{nproc}: {time.monotonic() - start:.1f} s")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    elapsed = time.monotonic() - start
+    print(f"torchrun {script.name} x{world}: {elapsed:.1f} s")
+    return elapsed
+
+
+def run_ranks(worker: pathlib.Path, nproc: int, out_dir: pathlib.Path, timeout_s: float, *args: str) -> list[dict]:
+    """Run `worker OUT_DIR *args` on `nproc` processes (see launch); every rank's saved results, by rank."""
+    launch(worker, nproc, [str(out_dir), *args], timeout_s)
     return [torch.load(out_dir / f"rank-{r}.pt", weights_only=False) for r in range(nproc)]
 
 

@@ -7,10 +7,12 @@ loopback), one torchrun launch of tests/optim/fsdp_worker.py, compared here with
   blocks are the whole tensor's.
 * Training on a global batch split between the ranks (FP8 casts with fp8_group, gradients summed and clipped
   with torch.nn.utils.clip_grad_norm_ over the mesh): losses of one process on the global batch within 2e-3
-  relative with bf16 parameters, 1e-5 with fp32 parameters and states. Here the gradients differ in their
-  last bits (the batch's sum is two GEMMs and a reduction instead of one GEMM); E4M3 states then round some
-  elements the other way, and AdamW's step m / sqrt(v) amplifies that (2.1e-4 with fp32 parameters at step 8,
-  measured), so fp32 parameters with E4M3 states are held to 1e-3.
+  relative with bf16 parameters, 1e-3 with fp32 parameters. Here the gradients differ in their last bits
+  (the batch's sum is two GEMMs and a reduction instead of one GEMM, in an order the CPU's GEMM path picks);
+  the next FP8 casts (E4M3: 2^-4 relative steps) and E4M3 states then round some elements the other way, and
+  AdamW's step m / sqrt(v) amplifies that: measured at step 8 with fp32 parameters and states, 5.7e-6 on an
+  AMX Xeon and 4.9e-4 on an AVX2 EPYC; with E4M3 states 2.1e-4. That the sharded step itself adds nothing is
+  the bit-for-bit test above.
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def test_sharded_steps_write_the_unsharded_bits(ranks, dtype, optimizer):
 
 
 @pytest.mark.parametrize("dtype,state_dtype,rtol", [(torch.bfloat16, torch.float8_e4m3fn, 2e-3),
-                                                    (torch.float32, torch.float32, 1e-5),
+                                                    (torch.float32, torch.float32, 1e-3),
                                                     (torch.float32, torch.float8_e4m3fn, 1e-3)])
 def test_training_matches_one_process_on_the_global_batch(ranks, dtype, state_dtype, rtol):
     key = "train_fp32_states" if state_dtype == torch.float32 else f"train_{dtype}"
