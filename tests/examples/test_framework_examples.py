@@ -1,5 +1,6 @@
 """examples/lightning_fp8.py and examples/accelerate_fp8.py run, each with 2 CPU processes (gloo): Lightning's
-strategy="ddp" and accelerate's own launcher (`accelerate launch --multi_gpu`, which on a machine without GPUs starts
+strategy="ddp" and "model_parallel" (FSDP2, the model converted in configure_model before fully_shard), and
+accelerate's own launcher (`accelerate launch --multi_gpu`, which on a machine without GPUs starts
 CPU processes). The ranks train on different shards, so their last raw amaxes differ,
 yet fp8mp's reduction over the data-parallel group leaves every amax history and scale the same bits on both ranks.
 (Saving and resuming through each framework: tests/integrations/test_lightning.py, test_accelerate.py.)"""
@@ -51,6 +52,15 @@ def test_lightning_example_with_ddp_on_two_processes(tmp_path):
     for rank in assert_ranks_share_the_fp8_scaling_state(tmp_path):
         assert len(rank["losses"]) == 12 and rank["losses"][-1] < 0.8 * rank["losses"][0]
         assert rank["plugin"]["loss_scaler"]["num_steps"] == 12
+
+
+def test_lightning_example_with_model_parallel_fsdp2_on_two_processes(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    out = run([sys.executable, os.path.join(EXAMPLES, "lightning_fp8.py"), "--devices", "2", "--strategy",
+               "model_parallel", "--steps", "12", "--out", str(tmp_path)])
+    assert "FP8 layers: 2" in out
+    for rank in assert_ranks_share_the_fp8_scaling_state(tmp_path):
+        assert len(rank["losses"]) == 12 and rank["losses"][-1] < 0.8 * rank["losses"][0]
 
 
 def test_accelerate_example_under_accelerate_launch_on_two_processes(tmp_path):

@@ -22,7 +22,7 @@ from torchtitan.models.llama3 import model_registry
 
 import fp8mp
 from fp8mp.integrations import torchtitan as fp8_titan
-from tests.integrations import framework_helpers as fh
+import framework_helpers as fh
 
 OPTION = "fp8mp.integrations.torchtitan.fp8_linear"
 VOCAB, USED, BATCH, SEQ = 2048, 64, 4, 32

@@ -19,7 +19,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 import fp8mp  # noqa: E402
 import fp8mp.integrations.hf as fp8_hf  # noqa: E402
 from fp8mp.nn import Fp8FrozenWeight, tensor_bytes  # noqa: E402
-from tests.integrations import framework_helpers as fh  # noqa: E402
+import framework_helpers as fh  # noqa: E402
 
 STEPS, SAVED_AT = 6, 3
 PROJECTIONS = 7 * 2  # q, k, v, o, gate, up, down in each of the 2 layers
