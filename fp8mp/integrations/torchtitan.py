@@ -7,7 +7,7 @@ torchtitan 0.3 swaps components by rewriting the model's config tree before anyt
 way). Importing this module registers the override `fp8_linear`: every `torchtitan.models.common.Linear.Config`
 (exactly that class: subclasses with a forward of their own are left alone, as `fp8mp.convert` leaves subclasses of
 nn.Linear) whose dims are multiples of 16 becomes a `Linear.Config` of this module. The model is then built from
-that config on the meta device, parallelized (FSDP2 / TP see an nn.Linear with the same parameters) and
+that config on the meta device, parallelized (FSDP2 sees an nn.Linear with the same parameters; tensor parallelism is untested) and
 initialized by torchtitan as usual: conversion happens before parallelization, as `fp8mp.convert` would do it on a
 built model. Options ride on the target as JSON: `fp8mp.integrations.torchtitan.fp8_linear={"recipe": "current"}`.
 In a config_registry function the same swap is `model_registry(..., converters=[Fp8LinearConverter.Config()])`.
