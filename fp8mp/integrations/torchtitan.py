@@ -11,6 +11,8 @@ that config on the meta device, parallelized (FSDP2 sees an nn.Linear with the s
 initialized by torchtitan as usual: conversion happens before parallelization, as `fp8mp.convert` would do it on a
 built model. Options ride on the target as JSON: `fp8mp.integrations.torchtitan.fp8_linear={"recipe": "current"}`.
 In a config_registry function the same swap is `model_registry(..., converters=[Fp8LinearConverter.Config()])`.
+(Not `fp8mp.convert` on the built model: torchtitan's layers are nn.Linear subclasses, which convert leaves alone, and
+its modules must be torchtitan Modules: `verify_module_protocol` checks it, and `init_states` initializes only them.)
 
 torchtitan's trainer enters no fp8mp context, so each FP8 layer enters `fp8mp.fp8_autocast` around its own forward
 unless one is already open (a training loop of your own may open one around the whole step, as elsewhere in
