@@ -37,16 +37,18 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 # version can change (the build, every op through the stable ABI, fakes, opcheck, autograd, dispatch, compile,
 # the modules, scaling, training, the integrations, the layering), less the whole-run tests that only repeat
 # those pieces at length (the examples' training runs, the fuzzer, the GPU check's dry run, the kill/resume,
-# resharded-checkpoint and soak runs, the memory benchmark's CLI, the tensor-parallel torchrun runs); 2.12 (its dynamo differs from both: it once
-# broke the compile tests alone) and the CPU build of 2.13 run the build, the ops, compile and a module on top.
-# This keeps make test within 45 minutes on a 2-core machine (`make test-wheel-torch212 WHEEL_TESTS_212=` runs
-# all of WHEEL_TESTS).
+# resharded-checkpoint and soak runs, the memory benchmark's CLI, the tensor-parallel torchrun runs); 2.12 (its
+# dynamo differs from both: it once broke the compile tests alone) and the CPU build of 2.13 run the build, the
+# ops, compile and a module on top. This keeps make test within 45 minutes on a 2-core machine
+# (`make test-wheel-torch212 WHEEL_TESTS_212=` runs all of WHEEL_TESTS).
 # tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
 WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
   tests/training/test_soak.py tests/test_bench_train_memory.py tests/test_bench_step_in_backward.py \
   tests/optim/test_dcp_reshard.py tests/nn/test_tensor_parallel.py
-# The Lightning and accelerate integrations run in .venv, against the frameworks' pinned releases.
-FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py
+# The framework integrations run in .venv, against the frameworks' pinned releases (requirements-frameworks*.txt
+# for torchtitan and TRL, which the wheel venvs do not install).
+FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py \
+  tests/integrations/test_torchtitan.py tests/integrations/test_trl.py
 WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py \
   $(addprefix --ignore=,$(WHOLE_RUN_TESTS) $(FRAMEWORK_TESTS))
 TORCH_API_TESTS := tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
@@ -79,9 +81,10 @@ test:
 system-deps:
 	@dpkg -s catch2 cmake >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq catch2 cmake; }
 
-$(DEPS_STAMP): requirements-dev.txt requirements-test.txt
+$(DEPS_STAMP): requirements-dev.txt requirements-test.txt requirements-frameworks.txt requirements-frameworks-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-frameworks-nodeps.txt
 	touch $@
 
 # One compilation: the in-place build (fp8mp/*.abi3.so, what pytest in the repo imports), then

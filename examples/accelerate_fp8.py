@@ -1,13 +1,15 @@
 """An accelerate script trained in FP8 by fp8mp: one added line, two changed (marked "fp8mp").
 
     python examples/accelerate_fp8.py                       # one CPU process, a few seconds
-    torchrun --nproc_per_node 2 examples/accelerate_fp8.py  # 2 CPU processes (gloo); accelerate reads torchrun's env
+    accelerate launch --multi_gpu --num_processes 2 examples/accelerate_fp8.py  # 2 processes (gloo on a CPU machine)
+    torchrun --nproc_per_node 2 examples/accelerate_fp8.py  # the same: accelerate reads torchrun's env
 
 A two-layer MLP learns y = x @ W with `fp8mp.optim.AdamW` under `Accelerator(mixed_precision="bf16")`; halfway the
 script saves with `accelerator.save_state` and, with `--resume DIR`, starts from such a folder. `--out DIR` writes each
 rank's FP8 scaling state to DIR/rank<r>.pt (tests/examples/test_framework_examples.py compares the ranks).
-(`accelerate launch --num_processes 2 --cpu` starts one process: accelerate 1.15 launches several CPU processes only
-through MPI.)
+(`accelerate launch --num_processes 2 --cpu` starts one process: with `--cpu` accelerate 1.15 launches several processes
+only through MPI. Its multi-process launcher, `--multi_gpu`, runs on a machine without GPUs too: each process's
+Accelerator finds no CUDA and a WORLD_SIZE of 2, and trains on the CPU with gloo.)
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
     python examples/lightning_fp8.py                                   # one CPU process, a few seconds
     python examples/lightning_fp8.py --devices 2 --strategy ddp        # 2 CPU processes (gloo)
+    python examples/lightning_fp8.py --devices 2 --strategy model_parallel  # FSDP2 (ModelParallelStrategy), 2 CPU processes
     python examples/lightning_fp8.py --import-path lightning           # `import lightning.pytorch` instead
 
 A two-layer MLP learns y = x @ W with `fp8mp.optim.AdamW`; `--out DIR` writes each rank's FP8 scaling state
@@ -20,12 +21,19 @@ import fp8mp
 from fp8mp.integrations.lightning import FP8Precision  # fp8mp
 
 
-def build_module(L):
+def build_module(L, shard: bool = False):
     class Regression(L.LightningModule):
         def __init__(self):
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
             self.losses = []
+
+        def configure_model(self):
+            if shard:  # ModelParallelStrategy: the model is sharded here, before the plugin could convert it
+                fp8mp.convert(self.net)  # fp8mp: convert before fully_shard
+                mesh = self.device_mesh["data_parallel"]
+                for part in (self.net[0], self.net[2], self.net):
+                    torch.distributed.fsdp.fully_shard(part, mesh=mesh)
 
         def training_step(self, batch, index):
             x, y = batch
@@ -34,7 +42,11 @@ def build_module(L):
             return loss
 
         def configure_optimizers(self):
-            return fp8mp.optim.AdamW(self.parameters(), lr=2e-2)
+            # FP8 states for the weights; the biases' float32 (under FSDP2 a rank's 32-element shard of a bias cannot
+            # hold the FP8 states' 128-element blocks)
+            weights = [p for p in self.parameters() if p.dim() == 2]
+            biases = [p for p in self.parameters() if p.dim() != 2]
+            return fp8mp.optim.AdamW([{"params": weights}, {"params": biases, "state_dtype": torch.float32}], lr=2e-2)
 
     return Regression()
 
@@ -56,9 +68,12 @@ def main() -> None:
     L = importlib.import_module("lightning.pytorch" if args.import_path == "lightning" else "pytorch_lightning")
 
     torch.manual_seed(0)
-    module = build_module(L)
+    shard = args.strategy == "model_parallel"
+    module = build_module(L, shard)
     plugin = FP8Precision()  # fp8mp
-    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=args.devices, strategy=args.strategy,
+    strategy = L.strategies.ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1) if shard \
+        else args.strategy
+    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=args.devices, strategy=strategy,
                         plugins=[plugin],  # fp8mp
                         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, torch.utils.data.DataLoader(data(), batch_size=16, shuffle=False))
@@ -68,7 +83,7 @@ def main() -> None:
           f"loss scale {plugin.scaler.get_scale():g}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        fp8_state = {k: v for k, v in module.state_dict().items() if ".fp8_meta." in k}
+        fp8_state = {k: v for k, v in module.state_dict().items() if ".fp8_meta." in k}  # buffers: not sharded
         torch.save({"fp8_state": fp8_state, "plugin": plugin.state_dict(), "losses": module.losses},
                    os.path.join(args.out, f"rank{rank}.pt"))
 

@@ -72,7 +72,7 @@ def test_fp8mp_imports_with_only_the_required_dependencies():
     assert {"matplotlib", "transformers", "safetensors"} <= set(blocked)
     script = textwrap.dedent(f"""
         import importlib, pkgutil, sys
-        BLOCKED = {blocked!r} + ["lightning", "pytorch_lightning", "lightning_fabric", "accelerate"]
+        BLOCKED = {blocked!r} + ["lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "torchtitan", "trl"]
 
         class Block:
             def find_spec(self, name, path=None, target=None):
@@ -91,24 +91,18 @@ def test_fp8mp_imports_with_only_the_required_dependencies():
         with fp8mp.fp8_autocast():
             model(torch.randn(4, 16)).sum().backward()
         monitor.record_step()
-        try:
-            monitor.plot("unused")
-        except ImportError as error:
-            assert "pip install 'fp8mp[plot]'" in str(error), error
-        else:
-            raise AssertionError("plot without matplotlib did not raise")
-        try:
-            fp8mp.integrations.hf.from_pretrained(object, ".")
-        except ImportError as error:
-            assert "pip install 'fp8mp[hf]'" in str(error), error
-        else:
-            raise AssertionError("from_pretrained without transformers did not raise")
-        try:
-            fp8mp.integrations.lightning.FP8Precision
-        except ImportError as error:
-            assert "pip install 'fp8mp[lightning]'" in str(error), error
-        else:
-            raise AssertionError("FP8Precision without Lightning did not raise")
+        def needs_extra(use, extra):
+            try:
+                use()
+            except ImportError as error:
+                assert f"pip install 'fp8mp[{{extra}}]'" in str(error), error
+            else:
+                raise AssertionError(f"{{use}} without the {{extra}} extra did not raise")
+
+        needs_extra(lambda: monitor.plot("unused"), "plot")
+        needs_extra(lambda: fp8mp.integrations.hf.from_pretrained(object, "."), "hf")
+        needs_extra(lambda: fp8mp.integrations.lightning.FP8Precision, "lightning")
+        needs_extra(lambda: fp8mp.integrations.torchtitan.fp8_linear, "torchtitan")
         print("ok")
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]))

@@ -76,7 +76,7 @@ def output_embedding_names(model: torch.nn.Module) -> tuple[str, ...]:
 
 
 def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_precision: Iterable[str] | None = None,
-            convert_norms: bool = False) -> torch.nn.Module:
+            convert_norms: bool = False, frozen_weights: str | None = None) -> torch.nn.Module:
     """Convert `model` in place and run each of its forwards inside `fp8_autocast(fp8_recipe=recipe)`.
 
     Args:
@@ -87,6 +87,9 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
         keep_high_precision: module-name prefixes left as they are; None keeps the output
             embedding (`model.get_output_embeddings()`, lm_head), whose logits feed the loss directly.
         convert_norms: also swap torch's LayerNorm/RMSNorm (not transformers' own RMSNorm classes).
+        frozen_weights: None, or "fp8": the frozen (requires_grad=False) weights of the converted layers stored at one
+            byte a parameter (`fp8mp.convert`'s option), the base of a LoRA fine-tune: `model.requires_grad_(False)`
+            first, then PEFT (or TRL's SFTTrainer with a `peft_config`) adds the adapters.
     Returns `model`. Preparing a prepared model is an error (its hooks would nest).
     """
     if not isinstance(model, torch.nn.Module):
@@ -102,7 +105,7 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
                         f"module-name prefixes, got {keep_high_precision!r}")
     keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
     convert(model, recipe=recipe, module_filter=lambda name, m: not any(name_under(name, p) for p in keep),
-            convert_norms=convert_norms)
+            convert_norms=convert_norms, frozen_weights=frozen_weights)
     select_fp8_experts(model, recipe)
     hooks = Fp8Forward(recipe)
     model.register_forward_pre_hook(hooks.enter)

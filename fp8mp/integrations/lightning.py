@@ -36,7 +36,8 @@ from typing import Any, Callable
 
 import torch
 
-from fp8mp.nn.conversion import ModuleFilter, convert
+from fp8mp.nn.conversion import ModuleFilter, convert, fp8_dims_supported
+from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.fp8_state_dict import split_fp8_state
 from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
 from fp8mp.scaling.recipe import Recipe
@@ -183,8 +184,25 @@ class _Fp8PrecisionCore:
             module = module.to(dtype=self.weights_dtype)  # fp8mp's scaling buffers keep float32
         module = convert(module, recipe=self.recipe, module_filter=self.module_filter,
                          frozen_weights=self.frozen_weights, fp8_saved_activations=self.memory_lean)
+        sharded = self._sharded_linears(module)
+        if sharded:
+            raise ValueError(
+                f"FP8Precision.convert_module: the Linear layers {sharded} were sharded by fully_shard before the plugin "
+                "could convert them (ModelParallelStrategy calls configure_model first, and a sharded layer cannot be "
+                "swapped): call fp8mp.convert(<the module>) in configure_model before fully_shard (the plugin's "
+                "recipe= and module_filter= options go to that call)")
         self._module = weakref.ref(module)
         return module
+
+    def _sharded_linears(self, module: torch.nn.Module) -> list[str]:
+        """Names of the FP8-sized nn.Linear layers that fully_shard (FSDP2) wrapped before fp8mp converted them."""
+        fsdp_module = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+        if fsdp_module is None:  # FSDP2 never loaded: nothing was sharded
+            return []
+        return [name for name, m in module.named_modules()
+                if isinstance(m, fsdp_module) and isinstance(m, torch.nn.Linear) and not isinstance(m, Fp8Module)
+                and fp8_dims_supported(m.in_features, m.out_features)
+                and (self.module_filter is None or self.module_filter(name, m))]
 
     def tensor_init_context(self) -> contextlib.AbstractContextManager:
         return _default_dtype(self.weights_dtype) if self.weights_dtype != torch.float32 else contextlib.nullcontext()

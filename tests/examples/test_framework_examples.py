@@ -1,5 +1,7 @@
 """examples/lightning_fp8.py and examples/accelerate_fp8.py run, each with 2 CPU processes (gloo): Lightning's
-strategy="ddp" and accelerate under torchrun. The ranks train on different shards, so their last raw amaxes differ,
+strategy="ddp" and "model_parallel" (FSDP2, the model converted in configure_model before fully_shard), and
+accelerate's own launcher (`accelerate launch --multi_gpu`, which on a machine without GPUs starts
+CPU processes). The ranks train on different shards, so their last raw amaxes differ,
 yet fp8mp's reduction over the data-parallel group leaves every amax history and scale the same bits on both ranks.
 (Saving and resuming through each framework: tests/integrations/test_lightning.py, test_accelerate.py.)"""
 from __future__ import annotations
@@ -52,11 +54,23 @@ def test_lightning_example_with_ddp_on_two_processes(tmp_path):
         assert rank["plugin"]["loss_scaler"]["num_steps"] == 12
 
 
-def test_accelerate_example_under_torchrun_on_two_processes(tmp_path):
+def test_lightning_example_with_model_parallel_fsdp2_on_two_processes(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    out = run([sys.executable, os.path.join(EXAMPLES, "lightning_fp8.py"), "--devices", "2", "--strategy",
+               "model_parallel", "--steps", "12", "--out", str(tmp_path)])
+    assert "FP8 layers: 2" in out
+    for rank in assert_ranks_share_the_fp8_scaling_state(tmp_path):
+        assert len(rank["losses"]) == 12 and rank["losses"][-1] < 0.8 * rank["losses"][0]
+
+
+def test_accelerate_example_under_accelerate_launch_on_two_processes(tmp_path):
     pytest.importorskip("accelerate")
-    out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), os.path.join(EXAMPLES, "accelerate_fp8.py"), "--epochs", "1",
-               "--out", str(tmp_path)])
+    if torch.cuda.is_available():
+        pytest.skip("on a machine with GPUs --multi_gpu would train on them; this checks the CPU processes")
+    out = run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip",
+               "127.0.0.1", "--main_process_port", str(free_port()), os.path.join(EXAMPLES, "accelerate_fp8.py"),
+               "--epochs", "1", "--out", str(tmp_path)])
     assert "processes 2" in out
     assert_ranks_share_the_fp8_scaling_state(tmp_path)
 

@@ -89,6 +89,19 @@ def test_prepare_arguments():
         hf.prepare("gpt2")
     with pytest.raises(TypeError, match="fp8_recipe"):
         hf.prepare(hf_models.build("gpt2"), recipe="delayed")
+    with pytest.raises(ValueError, match="'frozen_weights'"):
+        hf.prepare(hf_models.build("gpt2"), frozen_weights="e4m3")
+
+
+def test_prepare_stores_the_frozen_weights_of_the_converted_layers_in_fp8():
+    model = hf_models.build("llama")
+    model.requires_grad_(False)
+    model.model.layers[1].mlp.requires_grad_(True)  # a trainable part stays as it is
+    hf.prepare(model, frozen_weights="fp8")
+    stored = sorted(name for name, p in model.named_parameters() if isinstance(p, fp8mp.nn.Fp8FrozenWeight))
+    expected = sorted(f"model.layers.{i}.{m}.weight" for i in range(2) for m in FP8_MODULES["llama"]
+                      if i == 0 or not m.startswith("mlp."))
+    assert stored == expected  # not the LM head, which prepare keeps in high precision, nor the trainable MLP
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -175,6 +175,22 @@ def test_frozen_weights_are_stored_in_fp8_by_convert_module():
     assert not isinstance(model[2].weight.data, fp8mp.nn.fp8_frozen_weight.Fp8FrozenWeight)  # trainable: as it was
 
 
+def test_layers_sharded_before_conversion_are_refused_with_the_way_out():
+    """ModelParallelStrategy runs configure_model (where the model is sharded) before convert_module: a layer wrapped
+    by fully_shard cannot be swapped, and training on in high precision under an FP8 plugin would be silent."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        sharded, converted_first = fh.mlp(), fp8mp.convert(fh.mlp())
+        for model in (sharded, converted_first):
+            torch.distributed.fsdp.fully_shard(model[0])
+        with pytest.raises(ValueError, match=r"\['0'\] were sharded by fully_shard.*fp8mp.convert"):
+            FP8Precision().convert_module(sharded)
+        FP8Precision(module_filter=lambda name, m: name != "0").convert_module(sharded)  # kept on purpose: fine
+        assert isinstance(FP8Precision().convert_module(converted_first)[0], fp8mp.nn.Linear)  # the documented way
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.parametrize("kwargs, argument", [
     ({"recipe": "delayed"}, "fp8_recipe"), ({"weights_dtype": torch.int8}, "weights_dtype"),
     ({"memory_lean": True, "weights_dtype": torch.float32}, "weights_dtype"), ({"frozen_weights": "int4"}, "frozen_weights"),
