@@ -18,8 +18,11 @@ The recipe (docs/distributed.md, "Memory-lean training under FSDP2"):
   (fp8mp.training.save_checkpoint: model, FP8 scaling buffers, optimizer states and their scales, loss scaler),
   one folder per step; ``--resume`` loads the newest on any number of ranks (resharded) and goes on, with the
   data of the step it stopped at;
-* ``--tp N``: a 2-D DeviceMesh (dp x tp) and torch's ColwiseParallel / RowwiseParallel plan on the attention
-  and MLP projections of every layer, then fully_shard over the dp dimension;
+* ``--tp N``: a 2-D DeviceMesh (dp x tp), fp8mp's Fp8ColwiseParallel (q, k, v, gate, up) / Fp8RowwiseParallel
+  (o, down) on every layer, then fully_shard over the dp dimension; the amaxes reduced over every rank
+  (``fp8_group=dist.group.WORLD``: a column-wise weight shows each rank its rows only), torch.optim.AdamW
+  (fp8mp.optim does not step parameters sharded by FSDP2 and tensor parallel at once), the gradient norm
+  clipped over both meshes (projections on dp x tp, embeddings and norms on dp);
 * ``--fp8-all-gather``: ``fp8mp.convert(..., fp8_all_gather=True)``, FSDP2 all-gathering the trainable
   weights as E4M3 codes and a scale instead of bf16.
 
@@ -86,20 +89,48 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
     """torch's plan for a Llama layer: q/k/v and gate/up split by output features, o and down by input
     features (one all-reduce each of attention and MLP). HF's attention reshapes to (-1, head_dim), so each
     rank computes its share of the heads."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
+    from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
 
-    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    plan = {"self_attn.q_proj": Fp8ColwiseParallel(), "self_attn.k_proj": Fp8ColwiseParallel(),
+            "self_attn.v_proj": Fp8ColwiseParallel(), "self_attn.o_proj": Fp8RowwiseParallel(),
+            "mlp.gate_proj": Fp8ColwiseParallel(), "mlp.up_proj": Fp8ColwiseParallel(),
+            "mlp.down_proj": Fp8RowwiseParallel()}
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
 
 
-def make_optimizer(model: torch.nn.Module, lr: float) -> fp8mp.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, lr: float, tp: int) -> torch.optim.Optimizer:
+    """fp8mp.optim.AdamW with E4M3 states; under --tp torch.optim.AdamW (fp32 states), since fp8mp.optim does
+    not step parameters sharded by FSDP2 and tensor parallel at once (it raises naming the placements)."""
+    if tp > 1:
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
     return fp8mp.optim.AdamW([{"params": matrices}, {"params": vectors, "state_dtype": torch.bfloat16}], lr=lr,
                              weight_decay=0.1, state_dtype=torch.float8_e4m3fn)
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ for gradients on several meshes, which it cannot stack: under --tp the projections'
+    live on the 2-D dp x tp mesh, the embeddings' and norms' on the dp mesh. Each mesh's norm is computed apart
+    (reduced over it), then they are combined."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    by_mesh: dict = {}
+    for g in grads:
+        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group, 2.0)
+        norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float())
+    total = torch.stack(norms).norm()
+    coef = min(1.0, max_norm / (total.item() + 1e-6))
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return total
 
 
 def batch(data: torch.Tensor, step: int, args, dp_rank: int, dp_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,6 +142,12 @@ def batch(data: torch.Tensor, step: int, args, dp_rank: int, dp_size: int, devic
     x = torch.stack([data[s:s + args.context] for s in rows.tolist()])
     y = torch.stack([data[s + 1:s + 1 + args.context] for s in rows.tolist()])
     return x.to(device), y.to(device)
+
+
+def fp8_layers_scaled(model: torch.nn.Module) -> int:
+    """How many FP8 layers have set their scales from data (a forward in FP8 under fp8_autocast)."""
+    from fp8mp.scaling.fp8_meta import Fp8Meta
+    return sum(1 for m in model.modules() if isinstance(m, Fp8Meta) and m.is_initialized())
 
 
 def newest_checkpoint(folder: str) -> tuple[int, str] | None:
@@ -135,6 +172,8 @@ def main(argv=None) -> None:
     mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_mesh = mesh["dp"]
     dp_group = dp_mesh.get_group()
+    # the amaxes are reduced over every rank that holds a part of a tensor: the dp group, and under --tp all ranks
+    fp8_group = dist.group.WORLD if args.tp > 1 else dp_group
 
     model = build_model(args, device)
     if args.tp > 1:
@@ -142,7 +181,7 @@ def main(argv=None) -> None:
     for layer in model.model.layers:
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
-    optimizer = make_optimizer(model, args.lr)
+    optimizer = make_optimizer(model, args.lr, args.tp)
     scaler = fp8mp.LossScaler()
 
     start = 0
@@ -158,14 +197,17 @@ def main(argv=None) -> None:
     for step in range(start, args.steps):
         began = time.perf_counter()
         x, y = batch(data, step, args, dp_mesh.get_local_rank(), dp_mesh.size(), device)
-        with fp8mp.fp8_autocast(fp8_group=dp_group):
+        with fp8mp.fp8_autocast(fp8_group=fp8_group):
             logits = model(input_ids=x).logits
         # this rank's share of the global mean: FSDP2 averages the gradients over the dp ranks
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad()
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if args.tp > 1:
+            clip_grad_norm(model.parameters(), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
         total = loss.detach().clone()
@@ -180,7 +222,8 @@ def main(argv=None) -> None:
                 print(f"saved {path}", flush=True)
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
-            json.dump({"world": world, "tp": args.tp, "losses": losses}, f)
+            json.dump({"world": world, "tp": args.tp, "losses": losses,
+                       "fp8_layers": fp8_layers_scaled(model)}, f)
     dist.destroy_process_group()
 
 
