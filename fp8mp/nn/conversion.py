@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
-from fp8mp.nn.fp8_all_gather import enable_fp8_all_gather
+from fp8mp.nn.fp8_all_gather import Fp8AllGatherWeight
 from fp8mp.nn.fp8_frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
@@ -240,3 +240,24 @@ def store_frozen_weights_in_fp8(model: torch.nn.Module,
     return model
 
 
+
+
+# ------------------------------------------------------------------------------ FP8 all-gather
+def enable_fp8_all_gather(model: torch.nn.Module, module_filter: ModuleFilter | None = None) -> torch.nn.Module:
+    """Make the trainable weight of every fp8mp.nn.Linear of `model` (that `module_filter` accepts) an
+    `Fp8AllGatherWeight` parameter, in place and before `fully_shard`: FSDP2 then all-gathers it as E4M3 codes
+    (fp8mp/nn/fp8_all_gather.py). What `convert(model, fp8_all_gather=True)` does. Frozen, FP8-stored and
+    already converted weights are left as they are; a weight shared with other modules (tying) is replaced
+    in every one of them. Returns `model`."""
+    replaced: dict[int, torch.nn.Parameter] = {}
+    for name, module in model.named_modules():
+        if type(module) is not Linear or (module_filter is not None and not module_filter(name, module)):
+            continue
+        weight = module._parameters.get("weight")
+        if weight is not None and weight.requires_grad and type(weight) is torch.nn.Parameter:
+            replaced[id(weight)] = Fp8AllGatherWeight.parameter_of(module, f"{name or '<root>'}.weight")
+    for module in model.modules():
+        for pname, param in module._parameters.items():
+            if param is not None and id(param) in replaced:
+                module._parameters[pname] = replaced[id(param)]
+    return model

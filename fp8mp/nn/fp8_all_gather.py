@@ -69,7 +69,7 @@ from fp8mp.scaling.distributed import all_reduce_amax_, require_group_covering
 from fp8mp.scaling.fp8_meta import WEIGHT, tensor_amax
 from fp8mp.scaling.recipe import BlockRecipe, DelayedScaling
 
-__all__ = ["Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather", "precompute_fp8_weight_scales"]
+__all__ = ["Fp8AllGatherWeight", "Fp8GatheredWeight", "precompute_fp8_weight_scales"]
 
 GATHER_FORMAT = "e4m3"
 _aten = torch.ops.aten
@@ -110,6 +110,16 @@ class Fp8AllGatherWeight(torch.Tensor):
     def __init__(self, tensor: torch.Tensor, owner: _Owner):
         self._tensor = tensor
         self._owner = owner
+
+    @classmethod
+    def parameter_of(cls, linear: torch.nn.Module, name: str) -> torch.nn.Parameter:
+        """A new parameter holding `linear.weight`'s values (no copy) that FSDP2 will all-gather in FP8 for
+        `linear` (an fp8mp.nn.Linear); `name` names it in error messages."""
+        owner = _Owner(weakref.ref(linear), name)
+        if not getattr(linear, "_fp8_all_gather_hooks", False):
+            linear.register_state_dict_post_hook(_plain_weights_in_state_dict)
+            linear._fp8_all_gather_hooks = True
+        return torch.nn.Parameter(cls(linear.weight.detach(), owner), requires_grad=True)
 
     def __repr__(self) -> str:
         return f"Fp8AllGatherWeight({self._owner.name}, {self._tensor!r})"
@@ -221,6 +231,27 @@ class Fp8AllGatherWeight(torch.Tensor):
         return all_reduce_amax_(tensor_amax(shard), shard_group)
 
 
+def plain_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` with an Fp8AllGatherWeight (FSDP2's local shard of a DTensor included) replaced by the plain
+    tensor of its values, sharing their storage; any other tensor as it is."""
+    if isinstance(weight, Fp8AllGatherWeight):
+        return weight._tensor
+    local = getattr(weight, "_local_tensor", None)
+    if isinstance(local, Fp8AllGatherWeight):
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(local._tensor, weight.device_mesh, weight.placements, run_check=False,
+                                  shape=weight.shape, stride=weight.stride())
+    return weight
+
+
+def _plain_weights_in_state_dict(module, state_dict, prefix, local_metadata) -> None:
+    """Checkpoints hold plain tensors: the weight's values (a DTensor of them under FSDP2), not the subclass.
+    Loading copies into the parameter (copy_ writes its values), so any such checkpoint loads back."""
+    key = prefix + "weight"
+    if key in state_dict:
+        state_dict[key] = plain_weight(state_dict[key])
+
+
 class Fp8GatheredWeight(Fp8FrozenWeight):
     """The unsharded weight FSDP2 all-gathered in FP8: E4M3 codes plus a [1] float32 scale_inv, reporting the
     parameter's dtype and shape. The autograd leaf of the layer's weight gradient while FSDP2 holds it
@@ -237,33 +268,6 @@ class Fp8GatheredWeight(Fp8FrozenWeight):
             weight = args[0]
             return cls(weight.codes.as_strided(args[1], args[2], 0), weight.scale_inv, weight.dtype)
         return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-def _linear_class():
-    from fp8mp.nn.linear import Linear  # (linear.py imports this module)
-    return Linear
-
-
-def enable_fp8_all_gather(model: torch.nn.Module, module_filter=None) -> torch.nn.Module:
-    """Make every trainable weight of `model`'s fp8mp.nn.Linear layers an `Fp8AllGatherWeight` parameter
-    (in place, before `fully_shard`): FSDP2 then all-gathers it as E4M3 codes. What `fp8mp.convert(model,
-    fp8_all_gather=True)` does. Frozen, FP8-stored and already converted weights are left as they are; a
-    weight shared with other modules (tying) is replaced in every one. Returns `model`."""
-    linear_class = _linear_class()
-    replaced: dict[int, torch.nn.Parameter] = {}
-    for name, module in model.named_modules():
-        if type(module) is not linear_class or (module_filter is not None and not module_filter(name, module)):
-            continue
-        weight = module._parameters.get("weight")
-        if weight is None or not weight.requires_grad or type(weight) is not torch.nn.Parameter:
-            continue
-        owner = _Owner(weakref.ref(module), f"{name or '<root>'}.weight")
-        replaced[id(weight)] = torch.nn.Parameter(Fp8AllGatherWeight(weight.detach(), owner), requires_grad=True)
-    for module in model.modules():
-        for pname, param in module._parameters.items():
-            if param is not None and id(param) in replaced:
-                module._parameters[pname] = replaced[id(param)]
-    return model
 
 
 @torch.no_grad()

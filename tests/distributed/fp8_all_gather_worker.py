@@ -13,7 +13,9 @@ writes OUT_DIR/rank-<r>.pt:
 * "gathered": in the all-gather runs, the first block's fc1 weight the GEMMs got (E4M3 codes, scale_inv)
   at each step, and the unsharded bf16 weight of that step (gathered here by hand from the shards); in the
   runs without, the scale the layer's own cast used that step;
-* "errors": the messages of what must be refused.
+* "errors": the messages of what must be refused;
+* "dcp": a torch.distributed.checkpoint round trip of an FP8 all-gather model: what its state_dict holds, and
+  the step after loading against the step without the round trip.
 """
 from __future__ import annotations
 
@@ -102,6 +104,20 @@ def unsharded(p) -> torch.Tensor:
     return out[:p.shape[0]]
 
 
+def train_step(model, optimizer, recipe, step: int) -> torch.Tensor:
+    """One step; returns the global batch's loss."""
+    tokens, labels = local_batch(step)
+    with fp8mp.fp8_autocast(fp8_recipe=recipe, fp8_group=dist.group.WORLD):
+        logits = model(tokens)
+    loss = F.cross_entropy(logits.float().reshape(-1, CLASSES), labels.reshape(-1), reduction="sum")
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total
+
+
 def train(recipe, all_gather: bool, precompute: bool = True) -> tuple[dict, dict]:
     model = make_model(all_gather)
     optimizer = make_optimizer(model)
@@ -114,35 +130,59 @@ def train(recipe, all_gather: bool, precompute: bool = True) -> tuple[dict, dict
         hook = fc1.register_forward_hook(lambda m, args, out: seen.append(m.fp8_meta.scale[1:2].clone()))
     losses, gathered, bytes_per_step = [], [], []
     for step in range(STEPS):
-        tokens, labels = local_batch(step)
         whole_fc1 = unsharded(fc1.weight)
-        with count_collective_bytes() as counts:
-            with fp8mp.fp8_autocast(fp8_recipe=recipe, fp8_group=dist.group.WORLD):
-                logits = model(tokens)
-            loss = F.cross_entropy(logits.float().reshape(-1, CLASSES), labels.reshape(-1), reduction="sum")
-            loss.backward()
+        with count_collective_bytes() as counts:  # (and the loss's all_reduce, which is neither)
+            losses.append(train_step(model, optimizer, recipe, step).item())
         bytes_per_step.append((counts.all_gathered, counts.reduce_scattered))
-        optimizer.step()
-        optimizer.zero_grad()
         if all_gather and precompute:
             fp8mp.precompute_fp8_weight_scales(model)
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(total.item())
         gathered.append({"whole": whole_fc1, "seen": seen[-1]})
     hook.remove()
     with fp8mp.fp8_autocast(fp8_recipe=recipe, fp8_group=dist.group.WORLD):
         pass  # its entry reduces the last step's amaxes (under all-gather: the weight shards' into the whole's)
     run = {
         "losses": losses,
-        "params": {name: local_values(p).detach().reshape(-1).view(torch.uint8).clone()
-                   for name, p in model.named_parameters()},
+        "params": params_bytes(model),
         "meta": {name: b.detach().clone() for name, b in model.named_buffers()
                  if ".fp8_meta." in name and name.rsplit(".", 1)[1] in Fp8Meta.STATE_KEYS},
         "bytes": bytes_per_step,
         "weight_types": {name: type(p.to_local()).__name__ for name, p in model.named_parameters() if p.dim() == 2},
     }
     return run, gathered
+
+
+def params_bytes(model) -> dict:
+    return {name: local_values(p).detach().reshape(-1).view(torch.uint8).clone() for name, p in model.named_parameters()}
+
+
+def dcp_round_trip(out_dir: str) -> dict:
+    """get_state_dict -> torch.distributed.checkpoint save / load -> set_state_dict into a fresh FP8 all-gather
+    model and optimizer, then one more step: the same bits as going on without the round trip."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    path = os.path.join(out_dir, "checkpoint")
+    model = make_model(True)
+    optimizer = make_optimizer(model)
+    for step in range(2):
+        train_step(model, optimizer, DelayedScaling(), step)
+    with fp8mp.fp8_autocast(fp8_group=dist.group.WORLD):
+        pass  # reduce the last step's amaxes first: every rank then holds (and DCP saves) the same FP8 state
+    model_state, optim_state = get_state_dict(model, optimizer)
+    held = sorted({type(v.to_local() if hasattr(v, "to_local") else v).__name__ for v in model_state.values()})
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    want = train_step(model, optimizer, DelayedScaling(), 2)
+    fresh = make_model(True)
+    fresh_optimizer = make_optimizer(fresh)
+    train_step(fresh, fresh_optimizer, DelayedScaling(), 5)  # other weights and states, to be overwritten
+    model_state, optim_state = get_state_dict(fresh, fresh_optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(fresh, fresh_optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    got = train_step(fresh, fresh_optimizer, DelayedScaling(), 2)
+    want_params, got_params = params_bytes(model), params_bytes(fresh)
+    return {"held": held, "losses": (want.item(), got.item()),
+            "differ": [name for name in want_params if not torch.equal(want_params[name], got_params[name])],
+            "type": type(fresh.blocks[0].fc1.weight.to_local()).__name__}
 
 
 def refused(fn) -> str:
@@ -182,6 +222,7 @@ def main(out_dir: str) -> None:
     # CurrentScaling without precompute_fp8_weight_scales: each gather reduces its own amax
     results["runs"][("current", "no_precompute")], _ = train(CurrentScaling(), True, precompute=False)
     results["errors"] = errors()
+    results["dcp"] = dcp_round_trip(out_dir)
     torch.save(results, os.path.join(out_dir, f"rank-{dist.get_rank()}.pt"))
     dist.barrier()
     dist.destroy_process_group()

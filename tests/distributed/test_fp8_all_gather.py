@@ -8,6 +8,7 @@ loopback), one torchrun launch of tests/distributed/fp8_all_gather_worker.py.
   used for that weight in that step.
 * The bytes FSDP2 all-gathers a step (counted at the collectives): the E4M3 weights' one byte an element
   instead of two, so at most 0.55x on this tiny model (whose norms and biases still gather in bf16).
+* torch.distributed.checkpoint: the state_dict holds plain tensors; a save / load round trip resumes bit-exact.
 * What is refused names what is wrong: no fp8_group or one that is not the shard group under delayed
   scaling, a fine-grained recipe.
 """
@@ -117,3 +118,11 @@ def test_what_cannot_gather_in_fp8_is_refused_by_name(ranks):
         assert "is not the data-parallel group the weight is sharded over (ranks [0, 1])" in errors["other_group"]
         assert "BlockScaling, which scales the weight per block" in errors["block_recipe"]
         assert errors["convert_block_recipe"].startswith("argument 'fp8_all_gather'")
+
+
+def test_dcp_round_trip_holds_plain_tensors_and_resumes_bit_exact(ranks):
+    for rank in ranks:
+        got = rank["dcp"]
+        assert got["held"] == ["Tensor"]  # the checkpoint holds the weights' values, not the subclass
+        assert got["type"] == "Fp8AllGatherWeight"  # and loading keeps the parameter what it was
+        assert got["losses"][0] == got["losses"][1] and got["differ"] == []
