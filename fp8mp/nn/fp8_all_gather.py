@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_map_only
 
-from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight
+from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, padded_shard_rows
 from fp8mp.ops.cast import cast_to_fp8
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.scale_update import compute_scale
@@ -86,7 +86,6 @@ class _Owner:
 
     linear: weakref.ref
     name: str
-    whole_rows: int = 0
     forward_scale: tuple[torch.Tensor, torch.Tensor] | None = None  # (scale, scale_inv)
     precomputed: tuple[torch.Tensor, int] | None = field(default=None, repr=False)  # (amax [1], weight version)
 
@@ -154,23 +153,17 @@ class Fp8AllGatherWeight(torch.Tensor):
         shard = self._tensor
         if mp_policy is not None and mp_policy.param_dtype is not None and mp_policy.param_dtype != shard.dtype:
             shard = shard.to(mp_policy.param_dtype)
-        owner.whole_rows = outer_size[0]
+        self._fsdp_whole_rows = outer_size[0]
         codes, scale_inv = self._cast_shard(shard, mesh.get_group())
-        padded_rows = -(-outer_size[0] // mesh.size())
-        if codes.shape[0] != padded_rows:  # uneven shards: FSDP2 gathers equal chunks
-            padded = codes.new_zeros((padded_rows, *codes.shape[1:]))
-            padded[:codes.shape[0]].copy_(codes)
-            codes = padded
-        return (codes.view(torch.uint8),), (scale_inv,)
+        return (padded_shard_rows(codes, outer_size[0], mesh.size()).view(torch.uint8),), (scale_inv,)
 
-    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
-        """The unsharded weight: an Fp8GatheredWeight over the gathered codes (FSDP2 frees and refills them)."""
-        (data,), (scale_inv,) = all_gather_outputs, metadata
-        if out is not None:  # a later gather into the same storage: only the scale is new
-            out.scale_inv.copy_(scale_inv)
-            return None
-        codes = data.view(torch.float8_e4m3fn)[:self._owner.whole_rows]
-        return Fp8GatheredWeight(codes, scale_inv.clone(), param_dtype), (data,)
+    # The unsharded weight: an Fp8GatheredWeight over the gathered codes (FSDP2 frees and refills them), made
+    # as a frozen FP8 weight's is.
+    fsdp_post_all_gather = Fp8FrozenWeight.fsdp_post_all_gather
+
+    @staticmethod
+    def gathered_type() -> type:
+        return Fp8GatheredWeight
 
     def _cast_shard(self, shard: torch.Tensor, shard_group) -> tuple[torch.Tensor, torch.Tensor]:
         owner = self._owner
@@ -259,15 +252,6 @@ class Fp8GatheredWeight(Fp8FrozenWeight):
     (as an Fp8FrozenWeight)."""
 
     records_weight_amax = True  # the shards' casts wrote the layer's WEIGHT amax (Fp8LinearFunction folds it)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # FSDP2 makes the unsharded parameter with as_strided of the gathered tensor to its own size and stride
-        if func is _aten.as_strided.default and isinstance(args[0], Fp8GatheredWeight) \
-                and tuple(args[1]) == tuple(args[0].shape) and (len(args) < 4 or args[3] in (0, None)):
-            weight = args[0]
-            return cls(weight.codes.as_strided(args[1], args[2], 0), weight.scale_inv, weight.dtype)
-        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 @torch.no_grad()
