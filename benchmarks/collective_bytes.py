@@ -9,6 +9,7 @@ its input, the whole gradient buffer, world size x the output). Per process: eac
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -22,8 +23,8 @@ _REDUCE_SCATTERS = ("reduce_scatter_single", "reduce_scatter_tensor")
 class CollectiveBytes:
     all_gathered: int = 0
     reduce_scattered: int = 0
-    all_gather_calls: int = 0
-    reduce_scatter_calls: int = 0
+    all_gathered_calls: int = 0
+    reduce_scattered_calls: int = 0
 
 
 @contextlib.contextmanager
@@ -32,25 +33,21 @@ def count_collective_bytes() -> Iterator[CollectiveBytes]:
     counts = CollectiveBytes()
     originals = {}
 
-    def all_gather(original):
-        def counted(output_tensor, input_tensor, *args, **kwargs):
-            counts.all_gathered += output_tensor.numel() * output_tensor.element_size()
-            counts.all_gather_calls += 1
-            return original(output_tensor, input_tensor, *args, **kwargs)
-        return counted
+    def counted(original, kind: str, counted_arg: int):
+        name = list(inspect.signature(original).parameters)[counted_arg]  # (output, input, ...) for both kinds
 
-    def reduce_scatter(original):
-        def counted(output, input, *args, **kwargs):
-            counts.reduce_scattered += input.numel() * input.element_size()
-            counts.reduce_scatter_calls += 1
-            return original(output, input, *args, **kwargs)
-        return counted
+        def call(*args, **kwargs):  # FSDP2 passes them by keyword
+            tensor = args[counted_arg] if len(args) > counted_arg else kwargs[name]
+            setattr(counts, kind, getattr(counts, kind) + tensor.numel() * tensor.element_size())
+            setattr(counts, kind + "_calls", getattr(counts, kind + "_calls") + 1)
+            return original(*args, **kwargs)
+        return call
 
-    for names, wrap in ((_ALL_GATHERS, all_gather), (_REDUCE_SCATTERS, reduce_scatter)):
+    for names, kind, counted_arg in ((_ALL_GATHERS, "all_gathered", 0), (_REDUCE_SCATTERS, "reduce_scattered", 1)):
         for name in names:
             if hasattr(dist, name):
                 originals[name] = getattr(dist, name)
-                setattr(dist, name, wrap(originals[name]))
+                setattr(dist, name, counted(originals[name], kind, counted_arg))
     try:
         yield counts
     finally:

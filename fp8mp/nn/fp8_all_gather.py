@@ -57,7 +57,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch.utils._pytree import tree_map_only
 
 from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, padded_shard_rows

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc_per_node 2 ... tests/distributed/fp8_all_gather_worker.py OUT_DIR
 
-A tiny model (embedding, two pre-norm MLP blocks of fp8mp Linear layers, a head of 33 rows: uneven shards
+A tiny model (embedding, two pre-norm MLP blocks of fp8mp Linear layers (tests/optim/fsdp_worker.py's), a head of 33 rows: uneven shards
 of 17 and 16 rows) under FSDP2 (`fully_shard` per block and the root), bf16 parameters, fp8mp.optim.AdamW.
 Each run trains STEPS steps on a global batch split between the ranks, with fp8_autocast(fp8_group=WORLD),
 once with `convert(..., fp8_all_gather=True)` and once without, from the same initial weights. Every rank
@@ -33,18 +33,10 @@ from fp8mp.scaling.recipe import BlockScaling, CurrentScaling, DelayedScaling
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 from collective_bytes import count_collective_bytes  # noqa: E402
 
-VOCAB, DIM, HIDDEN, CLASSES, SEQ, GLOBAL_BATCH, STEPS, LR = 64, 128, 256, 33, 4, 8, 4, 3e-3
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "optim"))
+from fsdp_worker import DIM, Block  # noqa: E402  (the pre-norm MLP block of tests/optim/test_fsdp.py)
 
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(DIM)
-        self.fc1 = torch.nn.Linear(DIM, HIDDEN)
-        self.fc2 = torch.nn.Linear(HIDDEN, DIM)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+VOCAB, CLASSES, SEQ, GLOBAL_BATCH, STEPS, LR = 64, 33, 4, 8, 4, 3e-3
 
 
 class Model(torch.nn.Module):

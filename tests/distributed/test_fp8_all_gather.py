@@ -15,15 +15,12 @@ loopback), one torchrun launch of tests/distributed/fp8_all_gather_worker.py.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
+
+from torchrun_workers import rank_results
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
@@ -32,31 +29,9 @@ WORLD = 2
 FP8_MAX = 448.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("fp8_all_gather")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()),
-           os.path.join(repo, "tests", "distributed", "fp8_all_gather_worker.py"), str(out_dir)]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    print(f"torchrun: {time.monotonic() - start:.1f} s")
-    if proc.returncode != 0:  # as tests/optim/test_fsdp.py: one more run; a failure that comes back fails
-        warnings.warn(f"torchrun failed (exit {proc.returncode}); running it again. Its output's tail:\n"
-                      + proc.stderr[-2000:])
-        cmd[cmd.index("--master_port") + 1] = str(free_port())
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    return [torch.load(out_dir / f"rank-{r}.pt", weights_only=False) for r in range(WORLD)]
+    return rank_results(os.path.join("tests", "distributed", "fp8_all_gather_worker.py"), tmp_path_factory.mktemp("fp8_all_gather"), WORLD, TIMEOUT_S)
 
 
 @pytest.mark.parametrize("recipe,with_all_gather", [("delayed", True), ("current", True),
