@@ -11,7 +11,7 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
 import sys as _sys
 
 from fp8mp import integrations, nn, ops, scaling, training
-from fp8mp.nn import convert, fp8_model_init, load_state_dict, unconvert
+from fp8mp.nn import convert, fp8_model_init, load_state_dict, precompute_fp8_weight_scales, unconvert
 from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias,
                        cuda_kernels_available,
                        cuda_kernels_status, fp8_gemm,
@@ -53,6 +53,7 @@ __all__ = [
     "nn",
     "convert",
     "unconvert",
+    "precompute_fp8_weight_scales",
     "load_state_dict",
     "amp",
     "LossScaler",

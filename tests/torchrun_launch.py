@@ -26,8 +26,10 @@ def launch(script: pathlib.Path | str, world: int, args: list[str], timeout_s: f
     """Run `script` (a path, or a name under tests/optim) under torchrun with `world` processes, one thread
     each, and `args`; its wall time in seconds.
 
-    A launch that fails (a port taken between the probe and the bind, a loaded host) runs once more; a
-    failure that comes back fails with the tail of the output.
+    A launch that fails runs once more, with a new port: a port taken between the probe and the bind, a loaded
+    host, or torch 2.11's rank 1 aborting at shutdown after every result was written ("terminate called without
+    an active exception", SIGABRT; once in a dozen CI runs, 2026-12-05). A failure that comes back fails the
+    test with the tail of the output.
     """
     script = pathlib.Path(script)
     if not script.is_absolute():

@@ -12,13 +12,14 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
+from fp8mp.nn.fp8_all_gather import Fp8AllGatherWeight
 from fp8mp.nn.fp8_frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 from fp8mp.nn.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
 from fp8mp.scaling.autocast import validate_recipe
-from fp8mp.scaling.recipe import Recipe
+from fp8mp.scaling.recipe import BlockRecipe, Recipe
 
 logger = logging.getLogger("fp8mp")
 
@@ -68,6 +69,7 @@ def convert(
     convert_norms: bool = False,
     frozen_weights: str | None = None,
     fp8_saved_activations: bool = False,
+    fp8_all_gather: bool = False,
 ) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
     `convert_norms`, LayerNorm/RMSNorm).
@@ -85,6 +87,11 @@ def convert(
         fp8_saved_activations: also make the norms and activation-function modules (those `module_filter`
             keeps) store what they save for backward in FP8, E4M3 with one fp32 scale per 128 elements
             (fp8mp/nn/saved_activations.py, which says which modules and what is stored).
+        fp8_all_gather: make the trainable weight of every fp8mp.nn.Linear (those `module_filter` keeps) an
+            `fp8mp.nn.Fp8AllGatherWeight`, which FSDP2 (`fully_shard`, called after `convert`) all-gathers as
+            E4M3 codes, one byte an element, and whose gathered codes the FP8 GEMMs take as they are
+            (fp8mp/nn/fp8_all_gather.py; the per-tensor recipes only). Under CurrentScaling call
+            `fp8mp.precompute_fp8_weight_scales(model)` after each optimizer step.
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
     fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
@@ -103,6 +110,12 @@ def convert(
         raise ValueError(f"argument 'frozen_weights' must be None or \"fp8\", got {frozen_weights!r}")
     if not isinstance(fp8_saved_activations, bool):
         raise TypeError(f"argument 'fp8_saved_activations' must be a bool, got {fp8_saved_activations!r}")
+    if not isinstance(fp8_all_gather, bool):
+        raise TypeError(f"argument 'fp8_all_gather' must be a bool, got {fp8_all_gather!r}")
+    if fp8_all_gather and isinstance(recipe, BlockRecipe):
+        raise ValueError(f"argument 'fp8_all_gather': FP8 all-gather gathers per-tensor scaled E4M3 codes, but "
+                         f"recipe {type(recipe).__name__} scales the weight per block; use DelayedScaling or "
+                         "CurrentScaling, or fp8_all_gather=False")
     table = _swap_table(convert_norms)
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
@@ -128,6 +141,8 @@ def convert(
         store_frozen_weights_in_fp8(model, module_filter)
     if fp8_saved_activations:
         enable_fp8_saved_activations(model, module_filter)
+    if fp8_all_gather:
+        enable_fp8_all_gather(model, module_filter)
     return model
 
 
@@ -225,3 +240,24 @@ def store_frozen_weights_in_fp8(model: torch.nn.Module,
     return model
 
 
+
+
+# ------------------------------------------------------------------------------ FP8 all-gather
+def enable_fp8_all_gather(model: torch.nn.Module, module_filter: ModuleFilter | None = None) -> torch.nn.Module:
+    """Make the trainable weight of every fp8mp.nn.Linear of `model` (that `module_filter` accepts) an
+    `Fp8AllGatherWeight` parameter, in place and before `fully_shard`: FSDP2 then all-gathers it as E4M3 codes
+    (fp8mp/nn/fp8_all_gather.py). What `convert(model, fp8_all_gather=True)` does. Frozen, FP8-stored and
+    already converted weights are left as they are; a weight shared with other modules (tying) is replaced
+    in every one of them. Returns `model`."""
+    replaced: dict[int, torch.nn.Parameter] = {}
+    for name, module in model.named_modules():
+        if type(module) is not Linear or (module_filter is not None and not module_filter(name, module)):
+            continue
+        weight = module._parameters.get("weight")
+        if weight is not None and weight.requires_grad and type(weight) is torch.nn.Parameter:
+            replaced[id(weight)] = Fp8AllGatherWeight.parameter_of(module, f"{name or '<root>'}.weight")
+    for module in model.modules():
+        for pname, param in module._parameters.items():
+            if param is not None and id(param) in replaced:
+                module._parameters[pname] = replaced[id(param)]
+    return model

@@ -16,11 +16,13 @@ with `weight ~= codes * scale_inv` and each scale from current scaling (448 / am
 `fp8mp.scaling.compute_scale`). What a reader gets:
 
 - `w.shape`, `w.dtype`, `w.device`, `w.requires_grad` (False) are those of the original weight;
-- every op decodes: `F.linear(x, w)`, `w @ x`, `w.float()`, `w[0]`, `torch.grouped_mm(x, w, offs)`,
+- every other op decodes: `F.linear(x, w)`, `w @ x`, `w.float()`, `w[0]`, `torch.grouped_mm(x, w, offs)`,
   `w.sum()` compute on `codes * scale_inv` in the reported dtype and return plain tensors;
 - detach, alias, clone, `.to(device)` / `.to(dtype)` keep the FP8 storage (a dtype change changes only
   the reported dtype), so `model.to(...)`, `model.bfloat16()` and `nn.Parameter(w)` keep one byte a
-  parameter;
+  parameter; so do, on a 2-D (one-scale) weight, the ops FSDP2 shards and unshards with (split, slice,
+  view, as_strided, new_zeros / new_empty / empty_like), so that `fully_shard` holds and all-gathers the
+  codes, one byte an element (the FSDP2 hooks below);
 - `w.copy_(src)` re-quantizes `src` (an Fp8FrozenWeight source is copied code for code), so
   `load_state_dict` of a high-precision checkpoint into a converted model works;
 - other in-place writes (`add_`, `mul_`, `+=`, `zero_`, an optimizer's update) raise: the weight is
@@ -58,6 +60,11 @@ REPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _aten = torch.ops.aten
 # Ops whose result is the same weight (same codes): they keep the subclass.
 _KEEP_OPS = {_aten.detach.default, _aten.alias.default, _aten.clone.default, _aten.lift_fresh.default}
+# Ops FSDP2 shards, pads and unshards a parameter with: on a weight with one scale (2-D), their results are
+# codes of that weight with that scale, so they keep the subclass too (a per-expert 3-D weight decodes).
+_SHARD_VIEW_OPS = {_aten.split.Tensor, _aten.split_with_sizes.default, _aten.slice.Tensor, _aten.view.default,
+                   _aten.as_strided.default}
+_SHARD_NEW_OPS = {_aten.new_zeros.default, _aten.new_empty.default, _aten.empty_like.default}
 
 
 class Fp8FrozenWeight(torch.Tensor):
@@ -148,6 +155,16 @@ class Fp8FrozenWeight(torch.Tensor):
             if func is _aten.clone.default:
                 return cls(weight.codes.clone(), weight.scale_inv.clone(), weight.dtype)
             return cls(weight.codes, weight.scale_inv, weight.dtype)
+        if (func in _SHARD_VIEW_OPS or func in _SHARD_NEW_OPS) and isinstance(args[0], Fp8FrozenWeight) \
+                and args[0].scale_inv.numel() == 1:
+            weight = args[0]
+            if func in _SHARD_NEW_OPS:  # a new tensor of codes (zeros or uninitialized) with the weight's scale
+                codes = func(weight.codes, *args[1:], **{**kwargs, "dtype": WEIGHT_DTYPE})
+                return cls(codes, weight.scale_inv.clone(), weight.dtype)
+            codes = func(weight.codes, *args[1:], **kwargs)
+            if isinstance(codes, (list, tuple)):
+                return [cls(c, weight.scale_inv, weight.dtype) for c in codes]
+            return cls(codes, weight.scale_inv, weight.dtype)
         if func is _aten._to_copy.default and isinstance(args[0], Fp8FrozenWeight):
             moved = _moved(args[0], kwargs)
             if moved is not None:
@@ -164,6 +181,41 @@ class Fp8FrozenWeight(torch.Tensor):
         _refuse_writes(func, args, kwargs)
         args, kwargs = tree_map_only(Fp8FrozenWeight, lambda w: w.decode(), (args, kwargs))
         return func(*args, **kwargs)
+
+
+    # ----------------------------------------------------------------------------- FSDP2's extension points
+    # Under fully_shard each rank holds its rows of the codes (one byte an element) and the scale, and FSDP2
+    # all-gathers the codes as bytes; the gathered weight is an Fp8FrozenWeight again, whose codes fp8mp.nn.Linear
+    # takes as they are. Only 2-D (one-scale) weights get here: FSDP2 shards a per-expert 3-D one decoded.
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """This rank's codes (as bytes, padded to FSDP2's padded shard rows) and the scale_inv."""
+        self._fsdp_whole_rows = outer_size[0]
+        return (padded_shard_rows(self.codes, outer_size[0], mesh.size()).view(torch.uint8),), (self.scale_inv,)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """The unsharded frozen weight over the gathered codes (FSDP2 frees and refills them)."""
+        (data,), (scale_inv,) = all_gather_outputs, metadata
+        if out is not None:
+            out.scale_inv.copy_(scale_inv)
+            return None
+        codes = data.view(WEIGHT_DTYPE)[:self._fsdp_whole_rows]
+        return self.gathered_type()(codes, scale_inv.clone(), param_dtype), (data,)
+
+    @staticmethod
+    def gathered_type() -> type:
+        """The type of the unsharded weight FSDP2's all-gather of such a shard makes."""
+        return Fp8FrozenWeight
+
+
+def padded_shard_rows(codes: torch.Tensor, whole_rows: int, shards: int) -> torch.Tensor:
+    """`codes` (a shard of a tensor of `whole_rows` rows split in `shards` by FSDP2) zero-padded to FSDP2's padded
+    shard rows, ceil(whole_rows / shards): what its all-gather takes from every rank."""
+    rows = -(-whole_rows // shards)
+    if codes.shape[0] == rows:
+        return codes
+    padded = codes.new_zeros((rows, *codes.shape[1:]))
+    padded[:codes.shape[0]].copy_(codes)
+    return padded
 
 
 def _moved(weight: Fp8FrozenWeight, kwargs) -> Fp8FrozenWeight | None:

@@ -110,7 +110,8 @@ class Fp8LinearFunction(torch.autograd.Function):
             w_scale_inv = fp8_weight[1].clone()
             w_saved = w_fp8
         if meta_step_amax is not None:  # the columns this forward's casts wrote (a stored weight is not cast)
-            written = INPUT + 1 if fp8_weight is not None else WEIGHT + 1
+            # (a weight FSDP2 gathered in FP8 was cast by its shards' owners, who recorded its amax column)
+            written = WEIGHT + 1 if fp8_weight is None or getattr(weight, "records_weight_amax", False) else INPUT + 1
             fold_amax_(cols.step_amax_head[written], cols.amax_head[written])
         out_bias = bias.to(options.out_dtype) if bias is not None else None
         out = fp8_gemm(x_fp8, x_scale_inv, w_fp8, w_scale_inv, out_bias, options.out_dtype, options.fast_accum[0])

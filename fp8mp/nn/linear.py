@@ -10,6 +10,7 @@ from fp8mp.scaling import autocast as autocast_state
 from fp8mp.nn import fp8_weight as fp8_weight_storage
 from fp8mp.nn.block_linear_function import stored_weight_operands
 from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
+from fp8mp.nn.fp8_all_gather import Fp8GatheredWeight
 from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.sharded_linear import gathered_input, sharded_linear
@@ -85,10 +86,13 @@ class Linear(Fp8Module, torch.nn.Linear):
 
     def fp8_weight_operands(self, recipe) -> tuple[torch.Tensor | None, object]:
         """(weight, stored) as the FP8 linear functions take them under `recipe`: the `weight` parameter and
-        None; for a frozen Fp8FrozenWeight under a per-tensor E4M3 recipe, None and its (codes, scale_inv);
+        None; for a weight FSDP2 all-gathered in FP8 (fp8mp/nn/fp8_all_gather.py) the parameter and its
+        (codes, scale_inv); for a frozen Fp8FrozenWeight under a per-tensor E4M3 recipe, None and its (codes, scale_inv);
         or, for an FP8-stored weight, the leaf that receives its gradient (the master, or None) and
         the stored operands (refusing a recipe of another weight layout)."""
         weight = self.weight
+        if isinstance(weight, Fp8GatheredWeight):  # FSDP2 gathered it in FP8: the leaf, and its codes as they are
+            return weight, weight.fp8_operands()
         if isinstance(weight, Fp8FrozenWeight) and fp8_weight_storage.block_weight_layout(recipe) is None \
                 and recipe.fp8_format.forward_format == "e4m3":
             # the codes are what a current-scaling cast of the decoded weight gives: use them as they are

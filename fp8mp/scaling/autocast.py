@@ -24,7 +24,8 @@ import torch
 from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import DelayedScaling, Format, Recipe
 
-__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "Fp8AutocastState",
+__all__ = ["fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "get_fp8_group", "Fp8AutocastState", "current_context",
+           "ran_in_current_context",
            "take_unchecked_modules"]
 
 
@@ -117,6 +118,18 @@ def get_fp8_recipe() -> Recipe | None:
     return stack[-1].recipe if stack else None
 
 
+def current_context() -> Fp8AutocastState | None:
+    """This thread's innermost fp8_autocast context (None outside one)."""
+    stack = _CONTEXTS.stack
+    return stack[-1] if stack else None
+
+
+def ran_in_current_context(module: torch.nn.Module) -> bool:
+    """Whether `module` already ran in the innermost context (what `record_module` returns for its next call)."""
+    stack = _CONTEXTS.stack
+    return len(stack) > 0 and id(module) in stack[-1]._modules
+
+
 def get_fp8_group():
     """The innermost context's `fp8_group` (None outside fp8_autocast or without a group)."""
     stack = _CONTEXTS.stack
@@ -143,7 +156,7 @@ def record_module(module: torch.nn.Module) -> bool:
     compiled modules are reduced at the next `fp8_autocast(fp8_group=...)` entry too.
     """
     stack = _CONTEXTS.stack
-    ran_before = len(stack) > 0 and id(module) in stack[-1]._modules
+    ran_before = ran_in_current_context(module)
     for state in stack:
         state._modules[id(module)] = module
     # Keyed by id(), which a new module may reuse from a dead one still listed: the entry is this module's

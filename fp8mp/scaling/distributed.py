@@ -53,7 +53,7 @@ import torch.distributed as dist
 from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["reduce_pending_amaxes", "reduce_every_pending_amax", "remember_modules", "all_reduce_amax_",
-           "reduce_module_amaxes"]
+           "reduce_module_amaxes", "require_group_covering"]
 
 # group -> {id(module): weakref(module)} of the fp8mp modules that ran in the last context with that group
 _PENDING: dict[object, dict[int, weakref.ref]] = {}
@@ -114,3 +114,24 @@ def reduce_every_pending_amax() -> None:
     without the checkpoint. Every rank must call it at the same point."""
     for group in list(_PENDING):
         reduce_pending_amaxes(group)
+
+
+def require_group_covering(fp8_group, shard_group, what: str) -> None:
+    """Refuse an `fp8_group` whose amax reduction does not reach every rank of `shard_group`.
+
+    A weight all-gathered in FP8 is cast shard by shard, each rank recording its shard's amax; the whole
+    weight's amax (and so one scale on every rank) exists only after a reduction over the ranks holding the
+    shards, which delayed scaling leaves to the next `fp8_autocast(fp8_group=...)` entry. `what` names the
+    weight in the message. The check is local (no collective), so it fails on every rank alike.
+    """
+    wanted = dist.get_process_group_ranks(shard_group)
+    if fp8_group is None:
+        raise ValueError(f"{what}: FP8 all-gather under delayed scaling needs fp8_autocast(fp8_group=...) set to the "
+                         f"data-parallel group the weight is sharded over (ranks {wanted}), e.g. "
+                         "torch.distributed.group.WORLD; got fp8_group=None")
+    _check_group(fp8_group)
+    have = dist.get_process_group_ranks(fp8_group)
+    if not set(wanted) <= set(have):
+        raise ValueError(f"{what}: fp8_autocast's fp8_group (ranks {have}) is not the data-parallel group the weight is "
+                         f"sharded over (ranks {wanted}): FP8 all-gather needs the weight's amax reduced over every "
+                         "rank holding a shard; pass that group (or one containing it) as fp8_group")

@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from fp8mp.optim.sharding import is_dtensor
+from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling import distributed
 from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe, gemm_fast_accum
 from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
@@ -52,6 +53,13 @@ def columns_of(scale: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor,
 
     return Fp8Columns(cols(scale), cols(scale_inv), cols(amax), None if step_amax is None else cols(step_amax),
                       heads(amax), None if step_amax is None else heads(step_amax))
+
+
+def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
+    """max |tensor| as a [1] float32 tensor (0 for an empty tensor: an amax of 0 keeps the previous scale)."""
+    if tensor.numel() == 0:
+        return torch.zeros(1, device=tensor.device)
+    return tensor.detach().abs().amax().float().reshape(1)
 
 
 class LinearTensor(enum.IntEnum):
@@ -134,6 +142,7 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
         self._column_cache = None  # see columns()
         self._linear_settings = None  # see linear_settings()
+        self._scales_prepared_in = None  # see prepare_gathered_weight_scale()
 
     # ------------------------------------------------------------ threads
     # Threads sharing a model must not interleave one module's scale update, the casts that use
@@ -154,6 +163,7 @@ class Fp8Meta(torch.nn.Module):
         state = self.__dict__.copy()
         state.pop("_lock", None)
         state.pop("_column_cache", None)  # views of this module's buffers, not of the copy's
+        state.pop("_scales_prepared_in", None)  # an open fp8_autocast context
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -161,6 +171,7 @@ class Fp8Meta(torch.nn.Module):
         self._lock = threading.RLock()
         self._column_cache = None
         self.__dict__.setdefault("_linear_settings", None)  # (a module pickled before it existed)
+        self._scales_prepared_in = None
 
     # ------------------------------------------------------------ what every FP8 linear call passes on
     def scaling_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -276,15 +287,41 @@ class Fp8Meta(torch.nn.Module):
         delayed scaling, else a setter of the GRAD scale from the gradient.
         """
         if not self.uses_current_scaling():
-            if group is not None and ran_before:
-                distributed.all_reduce_amax_(self.amax, group)
-            self.step_delayed_scaling()
+            prepared, self._scales_prepared_in = self._scales_prepared_in, None
+            if prepared is not None and prepared is autocast_state.current_context():
+                return None  # an FP8 all-gather of the weight updated the scales just before this forward
+            self._update_delayed_scales(group, ran_before)
             return None
         if input is not None:
             self.set_scale_from(INPUT, input, group)
         if weight is not None:
             self.set_scale_from(WEIGHT, weight, group)
         return lambda grad: self.set_scale_from(GRAD, grad, group)
+
+    def _update_delayed_scales(self, group, ran_before: bool) -> None:
+        if group is not None and ran_before:
+            distributed.all_reduce_amax_(self.amax, group)
+        self.step_delayed_scaling()
+
+    def prepare_gathered_weight_scale(self, weight_amax: Callable[[], torch.Tensor], group=None,
+                                      ran_before: bool = False) -> torch.Tensor | None:
+        """FP8 all-gather (fp8mp/nn/fp8_all_gather.py): set the WEIGHT scale before FSDP2 gathers the weight,
+        that is before this module's forward (the caller holds `lock()`, the recipe configured).
+
+        Delayed scaling: the forward's whole scale update (`prepare_forward_scales`) runs now instead, and the
+        forward in the same fp8_autocast context skips it, so every column gets the scale it would have got.
+        Current scaling (and delayed scaling's first step): the WEIGHT scale from `weight_amax()`, the whole
+        weight's amax (the caller reduces the shards' over the group they are sharded over); the INPUT and
+        GRAD scales are left to the forward. Returns that whole amax, or None under delayed scaling (the
+        cast then records its shard's amax, which the next fp8_autocast entry reduces over `group`).
+        """
+        if not self.uses_current_scaling():
+            self._update_delayed_scales(group, ran_before)
+            self._scales_prepared_in = autocast_state.current_context()
+            return None
+        amax = weight_amax()
+        self.set_scale_from_amax(WEIGHT, amax)
+        return amax
 
     def forward_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(scale, scale_inv, amax, step_amax) as a forward's casts read and write them: step_amax, into which
@@ -307,10 +344,11 @@ class Fp8Meta(torch.nn.Module):
         group: a torch.distributed ProcessGroup over which that amax is max-reduced first (one
         all_reduce per call), so every rank gets the same scale; None: this rank's amax alone.
         """
-        if tensor.numel() == 0:  # amax of nothing is 0, which keeps the previous scale
-            amax = torch.zeros(1, device=tensor.device)
-        else:
-            amax = tensor.detach().abs().amax().float().reshape(1)
+        self.set_scale_from_amax(index, tensor_amax(tensor), group)
+
+    def set_scale_from_amax(self, index: int, amax: torch.Tensor, group=None) -> None:
+        """Current scaling: scale of column `index` from `amax` ([1] float32), max-reduced over `group` first
+        (in place) when one is given."""
         if group is not None:
             amax = distributed.all_reduce_amax_(amax, group)
         new_scale = compute_scale(amax, float(FP8_MAX[self.format_of(index)]), self.recipe.margin, self.scale[index : index + 1])

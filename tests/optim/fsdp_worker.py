@@ -17,12 +17,14 @@ sharded=False):
 * "empty_shard": a weight of one row, whose shard on rank 1 is empty;
 * "experts": an fp8mp.nn.GroupedLinear of 3 experts (3-D weight sharded along the experts: 2 and 1), three
   AdamW steps with E4M3 states on given gradients, as "bits_*";
-* "frozen": a frozen FP8 base (frozen_weights="fp8") and a trainable head: losses, what a rank holds;
+* "frozen": a frozen FP8 base (frozen_weights="fp8") and a trainable head: losses, what a rank holds (its
+  shard of the codes and the scale), the bytes all-gathered each step;
 * "dcp": get_state_dict -> torch.distributed.checkpoint save / load -> set_state_dict into a fresh model and
   optimizer, then one more step: the same bits as going on without the round trip.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -34,6 +36,9 @@ import torch.nn.functional as F
 
 import fp8mp
 from fp8mp.nn import saved_activations
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+from collective_bytes import CollectiveBytes, count_collective_bytes  # noqa: E402
 
 VOCAB, DIM, HIDDEN, SEQ, GLOBAL_BATCH, STEPS, LR, MAX_NORM = 129, 256, 512, 2, 8, 8, 3e-3, 0.5
 
@@ -256,14 +261,18 @@ def frozen_fp8(sharded: bool) -> dict:
             module.set_force_sum_reduction_for_comms(True)
     optimizer = fp8mp.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
-    losses = []
+    losses, gathered = [], []
     for step in range(4):
+        counting = count_collective_bytes() if sharded else contextlib.nullcontext(CollectiveBytes())
+        counts = counting.__enter__()
         gen = torch.Generator().manual_seed(step)
         x, y = torch.randn(GLOBAL_BATCH, DIM, generator=gen).bfloat16(), torch.randn(GLOBAL_BATCH, DIM, generator=gen)
         rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
         with fp8mp.fp8_autocast(fp8_group=dist.group.WORLD if sharded else None):
             loss = ((model(x[rows]).float() - y[rows]) ** 2).sum() / y.numel()
         loss.backward()
+        counting.__exit__(None, None, None)
+        gathered.append(counts.all_gathered)
         optimizer.step()
         optimizer.zero_grad()
         total = loss.detach().clone()
@@ -271,7 +280,7 @@ def frozen_fp8(sharded: bool) -> dict:
             dist.all_reduce(total)
         losses.append(total.item())
     weight = local(base[0].weight)
-    return {"losses": losses, "held": type(weight).__name__, "held_dtype": weight.dtype,
+    return {"losses": losses, "held": type(weight).__name__, "held_dtype": weight.dtype, "gathered": gathered,
             "held_bytes": fp8mp.nn.fp8_frozen_weight.tensor_bytes([weight])}  # its storages' bytes
 
 

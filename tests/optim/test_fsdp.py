@@ -157,18 +157,23 @@ def test_an_empty_shard_steps_nothing_and_the_other_writes_the_whole(ranks):
     assert [rank["empty_shard"]["weight"][1].numel() for rank in ranks] == [512, 0]
 
 
-def test_frozen_fp8_weights_train_under_fully_shard_decoded(ranks):
-    """fully_shard splits a frozen Fp8FrozenWeight with ops that decode it: each rank holds its shard as a plain
-    bf16 tensor (2 bytes an element, where one process holds 1) and FSDP2 all-gathers bf16; fp8mp Linear
-    casts the gathered weight to FP8 again. Training works: losses within 1e-4 of one process's, whose GEMMs
-    take the FP8 codes as they are."""
+def test_frozen_fp8_weights_are_sharded_and_gathered_as_codes(ranks):
+    """fully_shard keeps a frozen Fp8FrozenWeight what it is: each rank holds its rows of the E4M3 codes (one byte
+    an element) and the scale, FSDP2 all-gathers the codes, and fp8mp Linear's GEMMs take the gathered codes as
+    they are, as one process's do. Losses within 1e-4 of one process's (the trainable head's gradients are sums
+    over the ranks' halves of the batch)."""
     want = fsdp_worker.frozen_fp8(sharded=False)
     assert want["held"] == "Fp8FrozenWeight" and want["held_bytes"] == fsdp_worker.HIDDEN * fsdp_worker.DIM + 4
     for rank in ranks:
         got = rank["frozen"]
         torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]), rtol=1e-4, atol=0)
-        assert (got["held"], got["held_dtype"]) == ("Tensor", torch.bfloat16)
-        assert got["held_bytes"] == fsdp_worker.HIDDEN // WORLD * fsdp_worker.DIM * 2
+        assert (got["held"], got["held_dtype"]) == ("Fp8FrozenWeight", torch.bfloat16)
+        assert got["held_bytes"] == fsdp_worker.HIDDEN // WORLD * fsdp_worker.DIM + 4
+        # each step gathers the base's two weights as codes (1 byte an element) and its biases in bf16, in forward
+        # and again for backward (FSDP2's backward prefetch), and the trainable head (the root's) in bf16, once
+        dim, hidden = fsdp_worker.DIM, fsdp_worker.HIDDEN
+        base = 2 * hidden * dim * 1 + (hidden + dim) * 2
+        assert got["gathered"] == [2 * base + (dim * dim + dim) * 2] * 4
 
 
 def test_dcp_round_trip_resumes_bit_exact(ranks):

@@ -10,18 +10,13 @@ activations, differ in the last bits).
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dist_worker
+from torchrun_launch import REPO, launch
 import fp8mp
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
@@ -30,33 +25,11 @@ TIMEOUT_S = 120
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def distributed_results(tmp_path_factory) -> dict[str, dict]:
     out_dir = tmp_path_factory.mktemp("dist")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), os.path.join(repo, "tests", "scaling", "dist_worker.py"), str(out_dir),
-           *dist_worker.SCENARIOS, *dist_worker.AGREEMENTS]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    print(f"torchrun: {time.monotonic() - start:.1f} s")
-    if proc.returncode != 0:
-        # Once in a dozen runs (2026-12-05, in CI), torch 2.11's rank 1 aborted at shutdown ("terminate called without
-        # an active exception", SIGABRT) after every scenario's result was written: a second run, not a pass.
-        # A failure that comes back fails the test.
-        warnings.warn(f"torchrun failed (exit {proc.returncode}); running it again. Its output's tail:\n"
-                      + proc.stderr[-2000:])
-        cmd[cmd.index("--master_port") + 1] = str(free_port())
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    launch(REPO / "tests" / "scaling" / "dist_worker.py", 2, [str(out_dir), *dist_worker.SCENARIOS, *dist_worker.AGREEMENTS],
+           TIMEOUT_S)
     return {name: torch.load(out_dir / f"{name}.pt") for name in [*dist_worker.SCENARIOS, *dist_worker.AGREEMENTS]}
 
 
