@@ -1,5 +1,5 @@
-"""examples/train_fsdp.py on 2 CPU processes (torchrun, gloo): a memory-lean tiny Llama under FSDP2 trains 6 steps
-with a DCP checkpoint every 3; a second launch resumes from the step-3 checkpoint and its steps 3-5 are the
+"""examples/train_fsdp.py on 2 CPU processes (torchrun, gloo): a memory-lean tiny Llama under FSDP2 with FP8
+all-gather (--fp8-all-gather) trains 6 steps with a DCP checkpoint every 3; a second launch resumes from the step-3 checkpoint and its steps 3-5 are the
 first run's, bit for bit (model, FP8 scaling state, optimizer states, loss scaler and data all carried on).
 With --tp 2 (tensor parallel over both processes, fp8mp's styles): every projection runs in FP8, the loss falls,
 and the DCP checkpoints save (save_checkpoint compares the FP8 scaling buffers across the ranks bit for bit)."""
@@ -39,7 +39,8 @@ def run_example(*args: str) -> str:
 
 def test_trains_checkpoints_and_resumes_bit_exact_on_two_processes(tmp_path):
     ckpt = tmp_path / "ckpt"
-    common = ["--steps", "6", "--checkpoint-every", "3", "--checkpoint-dir", str(ckpt), "--context", "32"]
+    common = ["--steps", "6", "--checkpoint-every", "3", "--checkpoint-dir", str(ckpt), "--context", "32",
+              "--fp8-all-gather"]
     out = run_example(*common, "--out", str(tmp_path / "first.json"))
     assert "saved" in out and sorted(os.listdir(ckpt)) == ["step-000003", "step-000006"]
     first = json.loads((tmp_path / "first.json").read_text())
