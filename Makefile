@@ -42,7 +42,8 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 # within 45 minutes on a 2-core machine (`make test-wheel-torch212 WHEEL_TESTS_212=` runs all of WHEEL_TESTS).
 # tests/test_packaging.py and tests/test_docs_*.py are about the source checkout, so .venv runs them.
 WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
-  tests/training/test_soak.py tests/test_bench_train_memory.py tests/test_bench_step_in_backward.py
+  tests/training/test_soak.py tests/test_bench_train_memory.py tests/test_bench_step_in_backward.py \
+  tests/test_loss_parity_memory_lean.py
 # The Lightning and accelerate integrations run in .venv, against the frameworks' pinned releases.
 FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py
 WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py \
