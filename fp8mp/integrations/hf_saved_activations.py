@@ -76,11 +76,10 @@ def fp8_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, *
 def register_attention() -> None:
     """Register "fp8mp_sdpa" with transformers' attention and mask interfaces (SDPA's mask)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if ATTENTION_IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionInterface.register(ATTENTION_IMPLEMENTATION, fp8_sdpa_attention)
-        AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, sdpa_mask)
+    AttentionInterface.register(ATTENTION_IMPLEMENTATION, fp8_sdpa_attention)  # registering again: the same entry
+    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, sdpa_mask)
 
 
 def uses_fp8_saved_activations(model: torch.nn.Module) -> bool:

@@ -134,3 +134,13 @@ def test_refusals_name_what_is_wrong():
     assert torch.isfinite(model(input_ids=ids(), labels=ids()).loss)
     with pytest.raises(RuntimeError, match="does not store"):
         fp8_hf.restore_saved_activations(copy.deepcopy(fp8_hf.restore_saved_activations(model)))
+
+
+def test_save_pretrained_writes_a_config_that_plain_transformers_loads(tmp_path):
+    model = fp8_hf.use_fp8_saved_activations(tiny("llama"))
+    model.save_pretrained(tmp_path)
+    assert "fp8mp" not in (tmp_path / "config.json").read_text()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config._attn_implementation == "sdpa"
+    x = ids()
+    assert torch.equal(loaded(input_ids=x).logits, model(input_ids=x).logits)
