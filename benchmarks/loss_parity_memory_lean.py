@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
             for key, run, seed in jobs:
                 progress.set_postfix_str(f"{key} {run.name} seed {seed}")
                 rows.append(train(key, run, seed, args.steps, data, progress))
+                progress.write(f"{key} {run.name} seed {seed}: final validation loss {rows[-1]['final_val']:.4f}")
     finally:
         torch.set_num_threads(threads)
     figures = {"steps": args.steps, "seeds": args.seeds, "rows": rows, "summary": {}}
