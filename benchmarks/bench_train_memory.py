@@ -74,9 +74,13 @@ class Run:
     optimizer: str = "torch AdamW"  # a key of OPTIMIZERS
     fp8_saved_activations: bool = False  # fp8mp.convert(..., fp8_saved_activations=True): norms, activations in FP8
     step_in_backward: bool = False  # fp8mp.step_in_backward(optimizer): each parameter steps as its gradient is ready
-    chunked_loss: bool = False  # fp8mp.integrations.hf.use_chunked_loss(model): no [tokens, vocab] fp32 logits
+    chunked_loss: bool = False  # use_chunked_loss(model) / GPTConfig(chunked_loss=True): no [tokens, vocab] fp32 logits
+    # The MLP's gated multiply and attention save FP8 (fp8mp.integrations.hf.use_fp8_saved_activations; the demo GPT:
+    # GPTConfig(fp8_saved_attention=True))
+    fp8_saved_functional: bool = False
 
 
+EVERY_LEVER = "fp8mp memory-lean + FP8-saved MLP and attention + step in backward + chunked loss"
 RUNS = [
     Run("FP32"),
     Run("BF16 AMP", autocast=True),
@@ -87,11 +91,16 @@ RUNS = [
         fp8_saved_activations=True, chunked_loss=True),
     Run("fp8mp memory-lean + step in backward + chunked loss", param_dtype=torch.bfloat16, fp8="fp8mp",
         optimizer="fp8mp AdamW FP8", fp8_saved_activations=True, step_in_backward=True, chunked_loss=True),
+    Run(EVERY_LEVER, param_dtype=torch.bfloat16,
+        fp8="fp8mp", optimizer="fp8mp AdamW FP8", fp8_saved_activations=True, step_in_backward=True,
+        chunked_loss=True, fp8_saved_functional=True),
     Run("torchao Float8 + AdamWFp8", param_dtype=torch.bfloat16, fp8="torchao", optimizer="torchao AdamWFp8"),
     Run("torchao AdamW8bit", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao AdamW8bit"),
     Run("torchao bf16 SR AdamW", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao bf16 SR AdamW"),
 ]
 BASELINE = "BF16 AMP"
+# Goals of the every-lever run against BF16 AMP's row: total bytes, training state a parameter, saved for backward.
+EVERY_LEVER_TOTAL_GOAL, EVERY_LEVER_STATE_GOAL, EVERY_LEVER_SAVED_GOAL = 0.33, 4.1, 0.45
 
 
 def _torchao_optimizer(name: str, **kwargs):
@@ -129,22 +138,30 @@ MODELS = {
     "llama": ModelSpec("Llama", 4, 256, dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                                              num_key_value_heads=12, intermediate_size=2048, vocab_size=32000,
                                              tie_word_embeddings=True, max_position_embeddings=256)),
+    "llama97m": ModelSpec("Llama, vocab 8192", 4, 256, dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                         num_key_value_heads=12, intermediate_size=2048, vocab_size=8192,
+                                                         tie_word_embeddings=False, max_position_embeddings=256)),
 }
 QUICK_MODELS = {
     "gpt": ModelSpec("demo GPT (quick)", 2, 32, dict(n_layers=2, d_model=64, n_heads=2, context=32)),
     "llama": ModelSpec("Llama (quick)", 2, 32, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                     num_key_value_heads=4, intermediate_size=128, vocab_size=256,
                                                     tie_word_embeddings=True, max_position_embeddings=32)),
+    "llama97m": ModelSpec("Llama, vocab 8192 (quick)", 2, 32, dict(hidden_size=128, num_hidden_layers=2,
+                                                                 num_attention_heads=2, num_key_value_heads=2,
+                                                                 intermediate_size=256, vocab_size=256,
+                                                                 tie_word_embeddings=False, max_position_embeddings=32)),
 }
 
 
-def build_model(key: str, spec: ModelSpec):
+def build_model(key: str, spec: ModelSpec, run: Run | None = None):
     """(model, loss function of a batch of token ids); the weights are drawn on the CPU, the same in every run."""
     torch.manual_seed(0)
     if key == "gpt":
         from gpt_model import GPT, GPTConfig
 
-        model = GPT(GPTConfig(**spec.config))
+        levers = dict(fp8_saved_attention=run.fp8_saved_functional, chunked_loss=run.chunked_loss) if run else {}
+        model = GPT(GPTConfig(**spec.config, **levers))
         return model, lambda m, ids: m(ids, ids)[1]
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -253,16 +270,17 @@ def measure(model_key: str, run: Run, quick: bool, device: str) -> dict:
     """One training step of `run` on the model; its bytes by category, parameter count and peak memory."""
     spec = (QUICK_MODELS if quick else MODELS)[model_key]
     rss_at_start_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    model, loss_of = build_model(model_key, spec)
+    model, loss_of = build_model(model_key, spec, run)
     if run.fp8 is not None:
         model = to_fp8(model, run, device)
     model = model.to(device=device, dtype=run.param_dtype)
-    if run.chunked_loss:
-        if model_key != "llama":
-            raise RunUnavailable("the chunked loss is wired for Hugging Face causal LMs (use_chunked_loss)")
+    if model_key != "gpt" and (run.chunked_loss or run.fp8_saved_functional):
         import fp8mp.integrations.hf
 
-        fp8mp.integrations.hf.use_chunked_loss(model)
+        if run.chunked_loss:
+            fp8mp.integrations.hf.use_chunked_loss(model)
+        if run.fp8_saved_functional:
+            fp8mp.integrations.hf.use_fp8_saved_activations(model)
     optimizer = OPTIMIZERS[run.optimizer](model.parameters())
     stepper = None
     if run.step_in_backward:
@@ -374,6 +392,20 @@ def table(rows: list[dict], device: str) -> str:
     return markdown_table(title, headers, cells)
 
 
+def every_lever_goals(rows: list[dict]) -> str:
+    """The every-lever run against BF16 AMP's row: total, training state a parameter, saved for backward."""
+    lean = next((r for r in rows if r["run"] == EVERY_LEVER and "bytes" in r), None)
+    base = next((r for r in rows if r["run"] == BASELINE and "bytes" in r), None)
+    if lean is None or base is None:
+        return "every lever: not measured (it or BF16 AMP did not run)"
+    figures = [("total", lean["total_bytes"] / base["total_bytes"], EVERY_LEVER_TOTAL_GOAL, "x BF16 AMP"),
+               ("training state", lean["state_bytes_per_param"], EVERY_LEVER_STATE_GOAL, " bytes/param"),
+               ("saved for backward", lean["bytes"]["saved"] / base["bytes"]["saved"], EVERY_LEVER_SAVED_GOAL,
+                "x BF16 AMP's")]
+    return "every lever: " + "; ".join(f"{name} {value:.3f}{unit} ({'within' if value <= goal else 'NOT within'} "
+                                       f"{goal})" for name, value, goal, unit in figures)
+
+
 def goals(rows: list[dict]) -> str:
     lean = next((r for r in rows if r["run"] == "fp8mp memory-lean" and "bytes" in r), None)
     if lean is None:
@@ -458,6 +490,7 @@ def main(argv: list[str] | None = None) -> dict:
         add_totals(rows)
         print(table(rows, args.device))
         print(goals(rows))
+        print(every_lever_goals(rows))
         print()
     if figures["optimizer_step"]:
         print(step_time_table(figures["optimizer_step"], args.device))

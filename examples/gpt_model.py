@@ -28,12 +28,20 @@ class GPTConfig:
     d_model: int = 256
     n_heads: int = 4
     mlp_ratio: int = 4
+    # Memory levers (the same numbers, fewer bytes saved for backward): attention's q, k and v saved in FP8 and the
+    # attention computed again in backward (fp8mp.nn.fp8_recompute); the LM head and its loss a chunk of tokens at
+    # a time (fp8mp.nn.chunked_linear_cross_entropy: forward then returns no logits when given targets).
+    fp8_saved_attention: bool = False
+    chunked_loss: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "n_layers", "d_model", "n_heads", "mlp_ratio"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig: argument '{name}' must be an int >= 1, got {value!r}")
+        for name in ("fp8_saved_attention", "chunked_loss"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig: argument '{name}' must be a bool, got {getattr(self, name)!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"GPTConfig: argument 'd_model' ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
@@ -49,6 +57,7 @@ class CausalSelfAttention(torch.nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_heads = config.n_heads
+        self.fp8_saved = config.fp8_saved_attention
         self.qkv = fp8mp.nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = fp8mp.nn.Linear(config.d_model, config.d_model)
 
@@ -56,7 +65,10 @@ class CausalSelfAttention(torch.nn.Module):
         batch, time, d_model = x.shape
         q, k, v = self.qkv(x).split(d_model, dim=-1)
         heads = lambda t: t.view(batch, time, self.n_heads, -1).transpose(1, 2)  # noqa: E731
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        if self.fp8_saved:
+            y = fp8mp.nn.fp8_recompute(F.scaled_dot_product_attention, heads(q), heads(k), heads(v), is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, time, d_model))
 
 
@@ -90,7 +102,8 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    """Decoder-only transformer LM; `forward(idx, targets)` returns (logits, loss or None)."""
+    """Decoder-only transformer LM; `forward(idx, targets)` returns (logits, loss or None); (None, loss) with
+    config.chunked_loss and targets."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -108,7 +121,10 @@ class GPT(torch.nn.Module):
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(time, device=idx.device))
         for block in self.blocks:
             x = block(x)
-        logits = F.linear(self.norm_f(x), self.tok_emb.weight)  # tied LM head, never FP8
+        x = self.norm_f(x)
+        if targets is not None and self.config.chunked_loss:
+            return None, fp8mp.nn.chunked_linear_cross_entropy(x, self.tok_emb.weight, targets)
+        logits = F.linear(x, self.tok_emb.weight)  # tied LM head, never FP8
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

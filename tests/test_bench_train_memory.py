@@ -145,5 +145,26 @@ def test_chunked_loss_and_step_in_backward_rows_count_what_they_drop():
     assert lean["saved"] - chunked["saved"] >= 4 * tokens * vocab - (4 + 8 + 1) * tokens - 64
     assert chunked["grads"] == lean["grads"] and both["saved"] == chunked["saved"]
     assert both["grads"] == 2 * vocab * hidden < lean["grads"]
-    with pytest.raises(bench.RunUnavailable, match="Hugging Face"):
-        bench.measure("gpt", RUNS["fp8mp memory-lean + chunked loss"], quick=True, device="cpu")
+    gpt = bench.QUICK_MODELS["gpt"]
+    gpt_lean, gpt_chunked = (bench.measure("gpt", RUNS[name], quick=True, device="cpu")["bytes"]["saved"]
+                             for name in ("fp8mp memory-lean", "fp8mp memory-lean + chunked loss"))
+    assert gpt_lean - gpt_chunked >= 4 * gpt.batch * gpt.seq * 256 - (4 + 8 + 1) * gpt.batch * gpt.seq - 64
+
+
+def test_every_lever_row_saves_the_mlp_multiply_and_attention_in_fp8():
+    """Against the chunked-loss + step-in-backward row: per layer the MLP keeps gate and up in FP8 instead of the
+    activation's FP8 input and act(gate) and up in bf16, and attention keeps q, k, v in FP8 instead of q, k, v
+    and its output in bf16 (and the fp32 log-sum-exps)."""
+    for key in ("llama", "gpt"):
+        spec = bench.QUICK_MODELS[key]
+        before = bench.measure(key, RUNS["fp8mp memory-lean + step in backward + chunked loss"], quick=True,
+                               device="cpu")["bytes"]
+        every = bench.measure(key, RUNS[bench.EVERY_LEVER], quick=True, device="cpu")["bytes"]
+        tokens = spec.batch * spec.seq
+        layers = spec.config.get("num_hidden_layers", spec.config.get("n_layers"))
+        hidden = spec.config.get("hidden_size", spec.config.get("d_model"))
+        fp8 = 1 + 4 / 128
+        attention = tokens * hidden * (4 * 2 - 3 * fp8)  # q, k, v, out in bf16 -> q, k, v in FP8
+        mlp = tokens * spec.config["intermediate_size"] * (fp8 + 2 + 2 - 2 * fp8) if key == "llama" else 0
+        assert before["saved"] - every["saved"] >= layers * (attention + mlp) - 64, key
+        assert every["grads"] == before["grads"] and every["optimizer"] == before["optimizer"]

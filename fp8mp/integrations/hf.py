@@ -29,6 +29,8 @@ from collections.abc import Iterable
 import torch
 
 from fp8mp.integrations.hf_chunked_loss import restore_loss, use_chunked_loss, uses_chunked_loss
+from fp8mp.integrations.hf_saved_activations import (restore_saved_activations, use_fp8_saved_activations,
+                                                     uses_fp8_saved_activations)
 from fp8mp.integrations.hf_moe import register_if_transformers_imported, select_fp8_experts
 from fp8mp.nn.fp8_state_dict import load_state_dict, split_fp8_state
 from fp8mp.nn.conversion import convert
@@ -36,7 +38,8 @@ from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
 from fp8mp.scaling.recipe import Recipe
 from fp8mp.training.trainer import name_under
 
-__all__ = ["prepare", "from_pretrained", "is_prepared", "use_chunked_loss", "restore_loss", "uses_chunked_loss"]
+__all__ = ["prepare", "from_pretrained", "is_prepared", "use_chunked_loss", "restore_loss", "uses_chunked_loss",
+           "use_fp8_saved_activations", "restore_saved_activations", "uses_fp8_saved_activations"]
 
 register_if_transformers_imported()  # the "fp8mp" experts implementation (hf_moe.py), where transformers is loaded
 

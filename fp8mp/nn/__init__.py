@@ -8,6 +8,7 @@ from fp8mp.nn.conversion import FP8_MODULES, convert, enable_fp8_all_gather, sto
 from fp8mp.nn.fp8_all_gather import Fp8AllGatherWeight, Fp8GatheredWeight, precompute_fp8_weight_scales
 from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, decode_frozen_weights, tensor_bytes
 from fp8mp.nn.fp8_module import Fp8Module
+from fp8mp.nn.fp8_recompute import fp8_recompute
 from fp8mp.nn.fp8_weight import fp8_model_init
 from fp8mp.nn.grouped_linear import GroupedLinear
 from fp8mp.nn.layernorm_linear import LayerNormLinear
@@ -17,5 +18,5 @@ from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
 __all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
            "fp8_model_init", "Fp8FrozenWeight", "store_frozen_weights_in_fp8", "decode_frozen_weights", "tensor_bytes", "lora", "fp8_state_dict", "load_state_dict",
-           "chunked_linear_cross_entropy", "Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather",
+           "chunked_linear_cross_entropy", "fp8_recompute", "Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather",
            "precompute_fp8_weight_scales"]
