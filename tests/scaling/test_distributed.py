@@ -21,7 +21,7 @@ import fp8mp
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 
-TIMEOUT_S = 120
+TIMEOUT_S = 300  # a bound that holds on a 2-core host shared with other jobs (120 s did not, at load 20)
 RTOL, ATOL = 1e-5, 1e-6
 
 
