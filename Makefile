@@ -111,8 +111,9 @@ test-cpp: system-deps $(DEPS_STAMP)
 	cmake --build build/cmake -j $(MAX_JOBS)
 	ctest --test-dir build/cmake --output-on-failure
 
+# --durations: the 25 slowest tests printed at the end, where CI time goes.
 test-py: wheel
-	$(PY) -m pytest -q $(PYTEST_PARALLEL)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 # The wheel in a fresh venv per torch version, the suite run from a copy of tests/ outside the
 # repo so that it imports the installed fp8mp, not the source tree.
