@@ -94,7 +94,8 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(MODE_FILE) setup.py pyproject.toml $(wildcard cs
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
-$(WHEEL_STAMP): $(BUILD_STAMP)
+# The wheel also packs the Python package: a changed or new module rebuilds it (the compiled objects stay).
+$(WHEEL_STAMP): $(BUILD_STAMP) $(shell find fp8mp -name '*.py' ! -name _build_info.py 2>/dev/null)
 	rm -rf $(WHEEL_DIR) build/lib.*  # no stale files of an older build in the wheel
 	$(PY) setup.py -q bdist_wheel -d $(WHEEL_DIR)
 	ls -l $(WHEEL_DIR)
