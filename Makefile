@@ -24,6 +24,14 @@ export CUDA_HOME ?= /usr/local/cuda
 endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
+# The venvs of make demo / make test get their pinned packages from uv (requirements-uv.txt, pinned): it
+# installs a CUDA build of torch with what it needs in under a minute where pip takes about five, which keeps
+# make test's four torch venvs within its time. pip's find-links (the machine's local torch wheels) are passed
+# on; uv keeps no cache here, as pip keeps none (PIP_NO_CACHE_DIR below). The user's path stays pip's
+# (.ci/user_install.sh, `pip install fp8mp-*.whl`).
+UV := $(VENV)/bin/uv
+UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(UV) pip install -q --no-cache $(addprefix --find-links ,$(UV_FIND_LINKS))
 DEPS_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
 MODE_FILE := $(VENV)/.fp8mp-cuda-mode
@@ -50,8 +58,11 @@ WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tes
 # for torchtitan and TRL, which the wheel venvs do not install).
 FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py \
   tests/integrations/test_torchtitan.py tests/integrations/test_trl.py
+# fp8mp's own CPU dispatch (the ISA levels, the GEMM and optimizer loops a CPU takes): the same code under every
+# torch, so .venv alone runs it.
+CPU_PATH_TESTS := tests/ops/test_cpu_isa.py tests/optim/test_optim_cpu_paths.py
 WHEEL_TESTS ?= tests --ignore=tests/test_packaging.py --ignore=tests/test_docs_paths.py --ignore=tests/test_docs_text.py \
-  $(addprefix --ignore=,$(WHOLE_RUN_TESTS) $(FRAMEWORK_TESTS))
+  $(addprefix --ignore=,$(WHOLE_RUN_TESTS) $(FRAMEWORK_TESTS) $(CPU_PATH_TESTS))
 TORCH_API_TESTS := tests/test_build.py tests/test_layers.py tests/ops/test_cast.py tests/ops/test_gemm.py \
   tests/ops/test_aliasing.py tests/ops/test_scale_update.py tests/ops/test_fake_checks.py tests/nn/test_linear.py \
   tests/nn/test_torch_autocast.py tests/optim/test_optimizers.py
@@ -82,10 +93,12 @@ test:
 system-deps:
 	@dpkg -s catch2 cmake >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq catch2 cmake; }
 
-$(DEPS_STAMP): requirements-dev.txt requirements-test.txt requirements-frameworks.txt requirements-frameworks-nodeps.txt
+$(DEPS_STAMP): requirements-uv.txt requirements-dev.txt requirements-test.txt requirements-frameworks.txt \
+  requirements-frameworks-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-frameworks-nodeps.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-uv.txt
+	$(UV_INSTALL) --python $(PY) -r requirements-dev.txt
+	$(UV_INSTALL) --python $(PY) --no-deps -r requirements-frameworks-nodeps.txt
 	touch $@
 
 # One compilation: the in-place build (fp8mp/*.abi3.so, what pytest in the repo imports), then
@@ -123,7 +136,7 @@ test-wheels: $(addprefix test-wheel-torch,$(WHEEL_TORCHES))
 test-wheel-torch%: wheel
 	@df -h --output=avail . | tail -1 | xargs echo "disk free before .venv-torch$*:"
 	@test -x .venv-torch$*/bin/python || $(PYTHON) -m venv .venv-torch$*
-	.venv-torch$*/bin/python -m pip install -q --disable-pip-version-check -r requirements-ci-torch$*.txt
+	$(UV_INSTALL) --python .venv-torch$*/bin/python -r requirements-ci-torch$*.txt
 	.venv-torch$*/bin/python -m pip uninstall -q -y fp8mp 2>/dev/null || true
 	.venv-torch$*/bin/python -m pip install -q --disable-pip-version-check $(WHEEL_DIR)/fp8mp-*.whl
 	rm -rf build/wheel-tests-$* && mkdir -p build/wheel-tests-$* && cp -r tests examples benchmarks csrc pyproject.toml build/wheel-tests-$*/
