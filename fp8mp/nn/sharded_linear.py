@@ -28,6 +28,7 @@ import torch
 
 from fp8mp.nn.fp8_linear_function import fp8_linear, fp8_linear_gathered
 from fp8mp.optim.sharding import is_dtensor
+from fp8mp.scaling.distributed import ranks_missing_from
 from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["check_fp8_group", "gathered_input", "sharded_linear"]
@@ -52,11 +53,11 @@ def check_fp8_group(module: str, group, mesh, recipe) -> None:
             f"{module}: the weight is sharded by tensor parallel over ranks {tp_ranks}, whose shards must be cast "
             "with the same FP8 scales: pass fp8_autocast(fp8_group=...) a ProcessGroup that contains them (e.g. "
             "torch.distributed.group.WORLD, covering data x tensor parallel)")
-    group_ranks = set(torch.distributed.get_process_group_ranks(group))
-    missing = [r for r in tp_ranks if r not in group_ranks]
+    missing = ranks_missing_from(group, tp_ranks)
     if missing:
         raise ValueError(
-            f"{module}: argument 'fp8_group' of fp8_autocast holds ranks {sorted(group_ranks)}, but the weight is "
+            f"{module}: argument 'fp8_group' of fp8_autocast holds ranks "
+            f"{sorted(torch.distributed.get_process_group_ranks(group))}, but the weight is "
             f"sharded by tensor parallel over ranks {tp_ranks}: ranks {missing} would scale their shards from "
             "other amaxes. Pass a group covering data x tensor parallel (e.g. torch.distributed.group.WORLD)")
     _CHECKED[(group, mesh)] = None

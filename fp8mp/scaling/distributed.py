@@ -53,7 +53,7 @@ import torch.distributed as dist
 from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["reduce_pending_amaxes", "reduce_every_pending_amax", "remember_modules", "all_reduce_amax_",
-           "reduce_module_amaxes", "require_group_covering"]
+           "ranks_missing_from", "reduce_module_amaxes", "require_group_covering"]
 
 # group -> {id(module): weakref(module)} of the fp8mp modules that ran in the last context with that group
 _PENDING: dict[object, dict[int, weakref.ref]] = {}
@@ -116,6 +116,14 @@ def reduce_every_pending_amax() -> None:
         reduce_pending_amaxes(group)
 
 
+def ranks_missing_from(fp8_group, ranks) -> list[int]:
+    """The ranks of `ranks` that the process group `fp8_group` leaves out (ascending; empty when it covers them):
+    a rank left out of the amax reduction would scale its shard of a tensor from other amaxes than the rest."""
+    _check_group(fp8_group)
+    have = set(dist.get_process_group_ranks(fp8_group))
+    return sorted(r for r in ranks if r not in have)
+
+
 def require_group_covering(fp8_group, shard_group, what: str) -> None:
     """Refuse an `fp8_group` whose amax reduction does not reach every rank of `shard_group`.
 
@@ -129,9 +137,8 @@ def require_group_covering(fp8_group, shard_group, what: str) -> None:
         raise ValueError(f"{what}: FP8 all-gather under delayed scaling needs fp8_autocast(fp8_group=...) set to the "
                          f"data-parallel group the weight is sharded over (ranks {wanted}), e.g. "
                          "torch.distributed.group.WORLD; got fp8_group=None")
-    _check_group(fp8_group)
-    have = dist.get_process_group_ranks(fp8_group)
-    if not set(wanted) <= set(have):
+    if ranks_missing_from(fp8_group, wanted):
+        have = dist.get_process_group_ranks(fp8_group)
         raise ValueError(f"{what}: fp8_autocast's fp8_group (ranks {have}) is not the data-parallel group the weight is "
                          f"sharded over (ranks {wanted}): FP8 all-gather needs the weight's amax reduced over every "
                          "rank holding a shard; pass that group (or one containing it) as fp8_group")

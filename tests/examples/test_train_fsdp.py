@@ -9,22 +9,16 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
 pytest.importorskip("transformers")
+from torchrun_launch import free_port  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_example(*args: str) -> str:
