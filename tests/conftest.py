@@ -9,6 +9,25 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist's N worker processes, each worker (and what it starts: examples, torchrun, process
+    pools, through OMP_NUM_THREADS) takes cores / N threads. torch's default of one thread a core in every
+    worker oversubscribes the cores, and OpenMP's spin-waits then stall: a set of test files that takes 57 s
+    with one thread a worker took 468 s with two on a 2-core machine. An OMP_NUM_THREADS of the caller's is
+    kept; tests that need other thread counts set them themselves."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+_share_the_cores_between_workers()
+
+
 def pytest_collection_modifyitems(config, items):
     # Every test function with "cuda" in its name carries the `cuda` marker, so `pytest -m cuda`
     # (benchmarks/gpu_check.sh) selects all GPU tests even where a file forgot the marker. The function's
