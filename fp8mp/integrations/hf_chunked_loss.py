@@ -87,8 +87,10 @@ def _forward(self, input_ids=None, attention_mask=None, position_ids=None, past_
         shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
     chunk_tokens = getattr(self, _ATTRIBUTE) or None
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    embedding = self.get_input_embeddings()
+    tied = getattr(embedding, "weight", None) is head.weight  # the head's gradient then has two parts
     loss = chunked_linear_cross_entropy(hidden, head.weight, shift_labels.to(hidden.device), ignore_index=IGNORE_INDEX,
-                                        reduction=reduction, chunk_tokens=chunk_tokens)
+                                        reduction=reduction, chunk_tokens=chunk_tokens, row_blocks=not tied)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
