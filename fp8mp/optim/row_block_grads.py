@@ -27,7 +27,7 @@ import torch
 
 from fp8mp.ops.optim import STATE_BLOCK
 
-__all__ = ["RowBlockSink", "handing_rows_to", "rows_per_block", "sink_of"]
+__all__ = ["RowBlockSink", "TokenRows", "handing_rows_to", "rows_per_block", "sink_of"]
 
 
 class RowBlockSink(Protocol):
@@ -37,7 +37,8 @@ class RowBlockSink(Protocol):
         """Rows of each block of `weight`'s gradient (the last block may hold fewer)."""
 
     def take_rows(self, weight: torch.Tensor, row_start: int, grad_rows: torch.Tensor) -> None:
-        """The gradient of ``weight[row_start:row_start + len(grad_rows)]``, in weight's dtype, contiguous."""
+        """The gradient of ``weight[row_start:row_start + len(grad_rows)]``, in weight's dtype, contiguous. The
+        sink may step those rows at once: a backward reads the weight's rows before it hands their gradient."""
 
 
 _lock = threading.Lock()
@@ -82,3 +83,22 @@ def rows_per_block(shape: torch.Size | tuple[int, ...], element_size: int, max_b
     align = STATE_BLOCK // math.gcd(STATE_BLOCK, row_numel)
     fit = max_block_bytes // (row_numel * element_size) // align * align
     return min(rows, max(align, fit))
+
+
+class TokenRows:
+    """A row-sparse gradient, one row of `values` per token id in `ids` (an embedding's: nn.Embedding's
+    sparse gradient, or its output's gradient), made dense a block of rows at a time."""
+
+    def __init__(self, ids: torch.Tensor, values: torch.Tensor):
+        self.ids, self.order = ids.reshape(-1).sort(stable=True)
+        self.values = values.reshape(self.ids.shape[0], -1)
+
+    def dense(self, start: int, end: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, end) of the dense gradient in `dtype`: each row the sum of its tokens' rows in fp32
+        (index_put_ with accumulate: one order of the sorted ids, the same bits on every call), rounded once;
+        the rows of no token are zeros."""
+        lo, hi = torch.searchsorted(self.ids, torch.tensor([start, end], device=self.ids.device)).tolist()
+        rows = torch.zeros((end - start, *row_shape), dtype=torch.float32, device=self.values.device)
+        picked = self.values[self.order[lo:hi]].float().reshape(hi - lo, *row_shape)
+        rows.index_put_((self.ids[lo:hi] - start,), picked, accumulate=True)
+        return rows.to(dtype)

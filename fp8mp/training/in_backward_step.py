@@ -37,10 +37,11 @@ through `stepper.backward` while the hooks are on (`remove()` takes them off).
 **Row blocks.** A parameter whose gradient is larger than `max_grad_block_bytes` (default 1 MiB) is stepped a
 block of rows at a time where its gradient can be produced so (fp8mp/optim/row_block_grads.py): the LM head
 of fp8mp.nn.chunked_linear_cross_entropy (its backward by vocabulary rows), the weights of fp8mp's FP8 Linear
-layers (their wgrad GEMM by output rows), and an `nn.Embedding(..., sparse=True)`, whose sparse gradient (the
-[tokens, hidden] rows of the tokens seen) is made dense here one block of rows at a time (summed in fp32 and
-rounded once; the rows of tokens not seen are zeros and step as well: their moments decay, weight decay
-applies). Each block starts on a 128-element boundary of the whole tensor and is checked, unscaled and
+layers (their wgrad GEMM by output rows), an nn.Embedding after fp8mp.nn.embedding_grad_in_row_blocks (its
+gradient made dense a block of rows at a time from its output's gradient), and an `nn.Embedding(...,
+sparse=True)`, whose sparse gradient (the [tokens, hidden] rows of the tokens seen) is made dense here a block
+of rows at a time the same way (each row the sum of its tokens' rows in fp32, rounded once; the rows of tokens
+not seen are zeros and step as well: their moments decay, weight decay applies). Each block starts on a 128-element boundary of the whole tensor and is checked, unscaled and
 stepped at once as a shard of it would be (`element_offset`): the same bits as a step of the whole gradient,
 with the `step` counter advanced once. So what is held at once is a block, not the whole gradient of the
 head or the embedding; `peak_grad_bytes` counts the blocks (and a sparse gradient's rows and indices).
@@ -141,19 +142,10 @@ class StepInBackward:
     def _use_sparse(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Step p from its row-sparse gradient a block of dense rows at a time (module docstring)."""
         rows = p.shape[0]
-        block = rows if self.max_grad_block_bytes is None else row_block_grads.rows_per_block(
-            p.shape, p.element_size(), self.max_grad_block_bytes)
-        indices, order = grad._indices()[0].sort(stable=True)
-        values = grad._values()
-        bounds = torch.searchsorted(indices, torch.arange(0, rows + block, block, device=indices.device).clamp_(
-            max=rows)).tolist()
-        for i, start in enumerate(range(0, rows, block)):
-            end = min(start + block, rows)
-            picked = order[bounds[i]:bounds[i + 1]]
-            dense = torch.zeros((end - start, *p.shape[1:]), dtype=torch.float32, device=p.device)
-            # index_put_ with accumulate sums each row's tokens in one order (sorted, on CUDA): the same bits twice
-            dense.index_put_((indices[bounds[i]:bounds[i + 1]] - start,), values[picked].float(), accumulate=True)
-            dense = dense.to(p.dtype)
+        block = rows if self.max_grad_block_bytes is None else self.block_rows(p)
+        tokens = row_block_grads.TokenRows(grad._indices()[0], grad._values())
+        for start in range(0, rows, block):
+            dense = tokens.dense(start, min(start + block, rows), tuple(p.shape[1:]), p.dtype)
             self._hold(_bytes(dense))
             try:
                 self._use(p, dense, start)

@@ -26,9 +26,11 @@ class TinyLM(torch.nn.Module):
     gradient of one token's embedding output Inf, so only the embedding rows' block holding that token's id is
     non-finite, after every other gradient came finite."""
 
-    def __init__(self):
+    def __init__(self, embedding):
         super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, WIDTH, sparse=True)
+        self.emb = torch.nn.Embedding(VOCAB, WIDTH, sparse=embedding == "sparse")
+        if embedding == "rows":
+            fp8mp.nn.embedding_grad_in_row_blocks(self.emb)
         self.fc1 = torch.nn.Linear(WIDTH, HIDDEN)
         self.fc2 = torch.nn.Linear(HIDDEN, WIDTH)
         self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
@@ -43,10 +45,10 @@ class TinyLM(torch.nn.Module):
         return fp8mp.nn.chunked_linear_cross_entropy(h, self.head.weight, ids.roll(-1, 1), chunk_tokens=24)
 
 
-def make():
+def make(skip_nonfinite=True, embedding="sparse"):
     torch.manual_seed(0)
-    model = fp8mp.convert(TinyLM(), module_filter=lambda name, m: name != "head").to(torch.bfloat16)
-    return model, fp8mp.optim.AdamW(model.parameters(), lr=1e-2, seed=3)
+    model = fp8mp.convert(TinyLM(embedding), module_filter=lambda name, m: name != "head").to(torch.bfloat16)
+    return model, fp8mp.optim.AdamW(model.parameters(), lr=1e-2, seed=3, skip_nonfinite=skip_nonfinite)
 
 
 def batches():
@@ -93,42 +95,55 @@ def large(model):
     return [p for p in model.parameters() if p.numel() * 2 > BLOCK_BYTES]
 
 
-def train_plain(model, optimizer, steps):
+def train_plain(model, optimizer, steps, scaler=None):
     history = []
     for step, ids in steps:
         model.poison = step == BAD_STEP
         sink = Collect()
         with row_block_grads.handing_rows_to(sink, large(model)):
-            model(ids).backward()
+            loss = model(ids)
+            (loss if scaler is None else scaler.scale(loss)).backward()
         for p, blocks in sink.blocks.items():
             assert p.grad is None and [start for start, _ in blocks] == list(range(0, p.shape[0], sink.block_rows(p)))
             p.grad = torch.cat([rows for _, rows in blocks])
-        assert set(sink.blocks) == {model.head.weight, model.fc1.weight, model.fc2.weight}
-        model.emb.weight.grad = dense_embedding_grad(model.emb.weight.grad)
-        optimizer.step()
+        assert set(sink.blocks) - {model.emb.weight} == {model.head.weight, model.fc1.weight, model.fc2.weight}
+        if model.emb.sparse:
+            model.emb.weight.grad = dense_embedding_grad(model.emb.weight.grad)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         optimizer.zero_grad()
         history.append(snapshot(model, optimizer))
     return history
 
 
-def train_in_backward(model, optimizer, steps, stepper=None):
-    stepper = stepper or fp8mp.step_in_backward(optimizer, max_grad_block_bytes=BLOCK_BYTES)
+def train_in_backward(model, optimizer, steps, stepper=None, scaler=None):
+    stepper = stepper or fp8mp.step_in_backward(optimizer, scaler=scaler, max_grad_block_bytes=BLOCK_BYTES)
     history = []
     for step, ids in steps:
         model.poison = step == BAD_STEP
         assert stepper.backward(model(ids)) == (step != BAD_STEP)
         assert all(p.grad is None for p in model.parameters())
+        if scaler is not None:
+            scaler.update()
         history.append(snapshot(model, optimizer))
     return history
 
 
-def test_row_blocks_step_the_bits_of_a_step_of_the_whole_gradient_and_an_inf_in_one_block_moves_nothing():
+@pytest.mark.parametrize("with_scaler, embedding", [(False, "sparse"), (True, "sparse"), (False, "rows")])
+def test_row_blocks_step_the_bits_of_a_step_of_the_whole_gradient_and_an_inf_in_one_block_moves_nothing(
+        with_scaler, embedding):
     steps = list(enumerate(batches()))
-    model_a, opt_a = make()
+    model_a, opt_a = make(skip_nonfinite=not with_scaler, embedding=embedding)
     model_b = copy.deepcopy(model_a)
-    opt_b = fp8mp.optim.AdamW(model_b.parameters(), lr=1e-2, seed=3)
-    plain = train_plain(model_a, opt_a, steps)
-    in_backward = train_in_backward(model_b, opt_b, steps)
+    opt_b = fp8mp.optim.AdamW(model_b.parameters(), lr=1e-2, seed=3, skip_nonfinite=not with_scaler)
+    scaler_a, scaler_b = ((fp8mp.LossScaler(init_scale=2.0**10) if with_scaler else None) for _ in range(2))
+    plain = train_plain(model_a, opt_a, steps, scaler_a)
+    in_backward = train_in_backward(model_b, opt_b, steps, scaler=scaler_b)
+    if with_scaler:
+        assert scaler_b.num_skipped_steps == 1 and scaler_b.get_scale() == scaler_a.get_scale() == 2.0**9
     for a, b in zip(plain, in_backward):
         assert_same_bits(a, b)
     assert_same_bits(in_backward[BAD_STEP - 1], in_backward[BAD_STEP])  # the poisoned step moved nothing
@@ -182,16 +197,46 @@ def test_head_gradient_by_vocab_rows_against_fp64(dtype, reduction):
         assert error <= (2.0**-5 if dtype == torch.bfloat16 else 2.0**-16) * exact.abs().max()
 
 
-def test_gradient_bytes_held_at_once_shrink_to_a_block():
-    model, optimizer = make()
+@pytest.mark.parametrize("embedding", ["sparse", "rows"])
+def test_gradient_bytes_held_at_once_shrink_to_a_block(embedding):
+    model, optimizer = make(embedding=embedding)
     whole = fp8mp.step_in_backward(optimizer, max_grad_block_bytes=None)
     whole.backward(model(batches()[0]))
     whole.remove()
     blocks = fp8mp.step_in_backward(optimizer, max_grad_block_bytes=BLOCK_BYTES)
     blocks.backward(model(batches()[0]))
-    sparse = 4 * 16 * (WIDTH * 2 + 8)  # the embedding's sparse gradient: a bf16 row and an int64 index a token
-    assert whole.peak_grad_bytes == sparse + 2 * VOCAB * WIDTH  # the embedding's, made dense whole
-    assert blocks.peak_grad_bytes == max(sparse + BLOCK_BYTES, 2 * WIDTH * HIDDEN)
+    if embedding == "sparse":
+        sparse = 4 * 16 * (WIDTH * 2 + 8)  # the embedding's sparse gradient: a bf16 row and an int64 index a token
+        assert whole.peak_grad_bytes == sparse + 2 * VOCAB * WIDTH  # the embedding's, made dense whole
+        assert blocks.peak_grad_bytes == sparse + BLOCK_BYTES
+    else:  # only a block of 768 bytes at a time (the biases' gradients are smaller)
+        assert whole.peak_grad_bytes == 2 * VOCAB * WIDTH and blocks.peak_grad_bytes == BLOCK_BYTES
+
+
+def test_embedding_rows_against_fp64_and_its_own_backward_without_a_stepper():
+    emb = torch.nn.Embedding(VOCAB, WIDTH, padding_idx=4).to(torch.bfloat16)
+    ids = torch.tensor([[4, 7, 7, 99, 0], [7, 8, 4, 99, 16]])
+    grad_out = torch.randn(2, 5, WIDTH, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    F.embedding(ids, emb.weight, padding_idx=4).backward(grad_out)
+    plain = emb.weight.grad
+    emb.weight.grad = None
+    fp8mp.nn.embedding_grad_in_row_blocks(emb)
+    emb(ids).backward(grad_out)
+    assert torch.equal(emb.weight.grad.view(torch.int16), plain.view(torch.int16))  # F.embedding's own backward
+    emb.weight.grad, sink = None, Collect()
+    with row_block_grads.handing_rows_to(sink, [emb.weight]):
+        emb(ids).backward(grad_out)
+    assert emb.weight.grad is None and len(sink.blocks[emb.weight]) == 13
+    rows = torch.cat([block for _, block in sink.blocks[emb.weight]])
+    keep = ids.flatten() != 4
+    exact = torch.zeros(VOCAB, WIDTH, dtype=torch.float64).index_add_(
+        0, ids.flatten()[keep], grad_out.reshape(-1, WIDTH)[keep].double())
+    assert torch.equal(rows.view(torch.int16), exact.to(torch.bfloat16).view(torch.int16))  # one rounding of the sum
+    assert not rows[4].any() and rows[7].any()
+    fp8mp.nn.restore_embedding_grad(emb)
+    assert "forward" not in vars(emb)
+    with pytest.raises(ValueError, match="'embedding'"):
+        fp8mp.nn.embedding_grad_in_row_blocks(torch.nn.Embedding(4, 4, sparse=True))
 
 
 def test_refusals_name_what_is_wrong():
