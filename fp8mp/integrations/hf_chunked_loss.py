@@ -9,6 +9,10 @@ the tokens not ignored and `num_items_in_batch` (a sum divided by it) of transfo
 output's `logits` is then None. Without `labels` (evaluation of logits, `generate`) the forward is the
 model's own. `restore_loss(model)` undoes it. The head stays in high precision; an FP8 head (an fp8mp module)
 or one with a bias, and a model that caps its logits (Gemma's final_logit_softcapping), are refused.
+
+Under fp8mp.step_in_backward an untied head's gradient comes a block of vocabulary rows at a time (stepped
+at once: fp8mp/nn/chunked_cross_entropy.py); a head tied to the input embedding keeps its whole gradient,
+where the embedding's part joins it.
 """
 from __future__ import annotations
 
