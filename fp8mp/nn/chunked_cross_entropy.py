@@ -23,6 +23,8 @@ gradient, instead of the fp32 [vocab, hidden] sum.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -68,7 +70,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             total += losses.sum()
         count = valid.sum()
         ctx.save_for_backward(x, weight, safe_target, valid, lse, count)
-        ctx.chunk, ctx.mean, ctx.row_blocks = chunk, mean, row_blocks
+        ctx.chunk, ctx.mean = chunk, mean
+        # The weight itself, for the row blocks' registry: a saved tensor may unpack as another object (saved-tensor
+        # hooks), and the registry knows the parameter by its identity.
+        ctx.weight_ref = weakref.ref(weight) if row_blocks else None
         return total / count if mean else total
 
     @staticmethod
@@ -76,9 +81,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         x, weight, safe_target, valid, lse, count = ctx.saved_tensors
         scale = grad_loss.to(lse.dtype) / count if ctx.mean else grad_loss.to(lse.dtype)
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        sink = sink_of(weight) if want_w and ctx.row_blocks else None
+        param = ctx.weight_ref() if want_w and ctx.weight_ref is not None else None
+        sink = sink_of(param)
         if sink is not None:
-            return _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink), *[None] * 6
+            return _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink, param), *[None] * 6
         grad_x = torch.empty_like(x) if want_x else None
         several = x.shape[0] > ctx.chunk
         grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_w and several else None
@@ -99,12 +105,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
 
-def _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink):
-    """The backward by blocks of vocabulary rows, each block's weight-gradient rows handed to `sink` (module
-    docstring); returns the input gradient (None unless `want_x`)."""
+def _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink, param):
+    """The backward by blocks of vocabulary rows, each block's weight-gradient rows handed to `sink` as those of
+    `param` (the parameter `weight` holds the values of; module docstring); returns the input gradient (None
+    unless `want_x`)."""
     grad_x = torch.zeros(x.shape, dtype=lse.dtype, device=x.device) if want_x else None
     token_scale = (valid.to(lse.dtype) * scale)[:, None]
-    block = sink.block_rows(weight)
+    block = sink.block_rows(param)
     for start, end in _chunks(weight.shape[0], block):
         w_rows = weight[start:end]
         probs = (_logits(x, w_rows) - lse[:, None]).exp_()
@@ -117,7 +124,7 @@ def _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, s
         if want_x:  # from the rounded gradient, as the unchunked GEMM's operand; before the rows are stepped
             grad_x.addmm_(probs.copy_(grad_logits), w_rows.to(grad_x.dtype))
         del probs, grad_logits
-        sink.take_rows(weight, start, grad_rows)
+        sink.take_rows(param, start, grad_rows)
         del grad_rows
     return None if grad_x is None else grad_x.to(x.dtype)
 

@@ -15,6 +15,7 @@ Not for a weight tied to another use (an LM head): its gradient would come in ro
 from __future__ import annotations
 
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -27,27 +28,30 @@ __all__ = ["embedding_grad_in_row_blocks", "restore_embedding_grad"]
 class _RowBlockEmbedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids, weight, padding_idx):
-        ctx.save_for_backward(ids, weight)
-        ctx.padding_idx = padding_idx
+        ctx.save_for_backward(ids)
+        # The weight itself, for the row blocks' registry; its values are not needed
+        ctx.weight_ref, ctx.weight_shape = weakref.ref(weight), tuple(weight.shape)
+        ctx.weight_dtype, ctx.padding_idx = weight.dtype, padding_idx
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx, grad_out):
-        ids, weight = ctx.saved_tensors
+        ids, = ctx.saved_tensors
+        weight = ctx.weight_ref()
         sink = sink_of(weight)
         if sink is None:
             return None, torch.ops.aten.embedding_dense_backward(
-                grad_out, ids, weight.shape[0], -1 if ctx.padding_idx is None else ctx.padding_idx, False), None
+                grad_out, ids, ctx.weight_shape[0], -1 if ctx.padding_idx is None else ctx.padding_idx, False), None
         ids = ids.reshape(-1)
         values = grad_out.reshape(ids.shape[0], -1)
         if ctx.padding_idx is not None:  # that row takes no gradient, as F.embedding's backward
             keep = ids != ctx.padding_idx
             ids, values = ids[keep], values[keep]
-        tokens = TokenRows(ids, values)
-        block = sink.block_rows(weight)
-        for start in range(0, weight.shape[0], block):
-            end = min(start + block, weight.shape[0])
-            sink.take_rows(weight, start, tokens.dense(start, end, tuple(weight.shape[1:]), weight.dtype))
+        blocks = TokenRows(ids, values).dense_blocks(ctx.weight_shape[0], sink.block_rows(weight),
+                                                     ctx.weight_shape[1:], ctx.weight_dtype)
+        for start, rows in blocks:
+            sink.take_rows(weight, start, rows)
+            del rows
         return None, None, None
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Callable
 
 import torch
@@ -128,6 +129,8 @@ class Fp8LinearFunction(torch.autograd.Function):
         ctx.meta_buffers = meta_buffers
         ctx.options = options
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
+        # The weight itself, for the row blocks' registry (a saved tensor may unpack as another object)
+        ctx.weight_ref = weakref.ref(weight) if fp8_weight is None and not options.weight_in_out else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
 
@@ -159,10 +162,10 @@ class Fp8LinearFunction(torch.autograd.Function):
             grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, w_scale_inv, None, ctx.x_dtype, dgrad_fast)
         if ctx.needs_input_grad[1] and options.weight_in_out:  # dW [K,N] = x.T @ dy
             grad_w = fp8_gemm(x_fp8_t, x_scale_inv, g_fp8_t, g_scale_inv, None, ctx.w_dtype, wgrad_fast)
-        elif ctx.needs_input_grad[1] and (sink := sink_of(w_saved if w_scale is not None else None)) is not None:
-            block = sink.block_rows(w_saved)  # dW's rows [start, start + block) = dy.T's rows @ x, one block at a time
+        elif ctx.needs_input_grad[1] and (sink := sink_of(param := ctx.weight_ref and ctx.weight_ref())) is not None:
+            block = sink.block_rows(param)  # dW's rows [start, start + block) = dy.T's rows @ x, one block at a time
             for start in range(0, g_fp8_t.shape[0], block):
-                sink.take_rows(w_saved, start, fp8_gemm(g_fp8_t[start:start + block], g_scale_inv, x_fp8_t, x_scale_inv,
+                sink.take_rows(param, start, fp8_gemm(g_fp8_t[start:start + block], g_scale_inv, x_fp8_t, x_scale_inv,
                                                         None, ctx.w_dtype, wgrad_fast))
         elif ctx.needs_input_grad[1]:  # dW [N,K] = dy.T @ x
             grad_w = fp8_gemm(g_fp8_t, g_scale_inv, x_fp8_t, x_scale_inv, None, ctx.w_dtype, wgrad_fast)

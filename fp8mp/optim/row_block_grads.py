@@ -93,12 +93,21 @@ class TokenRows:
         self.ids, self.order = ids.reshape(-1).sort(stable=True)
         self.values = values.reshape(self.ids.shape[0], -1)
 
-    def dense(self, start: int, end: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Rows [start, end) of the dense gradient in `dtype`: each row the sum of its tokens' rows in fp32
-        (index_put_ with accumulate: one order of the sorted ids, the same bits on every call), rounded once;
-        the rows of no token are zeros."""
-        lo, hi = torch.searchsorted(self.ids, torch.tensor([start, end], device=self.ids.device)).tolist()
-        rows = torch.zeros((end - start, *row_shape), dtype=torch.float32, device=self.values.device)
-        picked = self.values[self.order[lo:hi]].float().reshape(hi - lo, *row_shape)
-        rows.index_put_((self.ids[lo:hi] - start,), picked, accumulate=True)
-        return rows.to(dtype)
+    def dense_blocks(self, rows: int, block: int, row_shape: tuple[int, ...], dtype: torch.dtype):
+        """(start, rows [start, start + block) of the dense gradient in `dtype`) for each block of `rows` rows, one
+        at a time: each row the sum of its tokens' rows in fp32 (index_put_ with accumulate: one order of the
+        sorted ids, the same bits on every call), rounded once; the rows of no token are zeros. One host sync
+        for the blocks' bounds."""
+        starts = list(range(0, rows, block))
+        edges = torch.tensor([*starts, rows], device=self.ids.device)
+        bounds = torch.searchsorted(self.ids, edges).tolist()
+        for i, start in enumerate(starts):
+            lo, hi = bounds[i], bounds[i + 1]
+            dense = torch.zeros((min(start + block, rows) - start, *row_shape), dtype=torch.float32,
+                                device=self.values.device)
+            picked = self.values[self.order[lo:hi]].float().reshape(hi - lo, *row_shape)
+            dense.index_put_((self.ids[lo:hi] - start,), picked, accumulate=True)
+            rounded = dense.to(dtype)
+            del dense, picked  # one block alive at a time: the caller drops it before asking for the next
+            yield start, rounded
+            del rounded

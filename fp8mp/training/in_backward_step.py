@@ -144,8 +144,7 @@ class StepInBackward:
         rows = p.shape[0]
         block = rows if self.max_grad_block_bytes is None else self.block_rows(p)
         tokens = row_block_grads.TokenRows(grad._indices()[0], grad._values())
-        for start in range(0, rows, block):
-            dense = tokens.dense(start, min(start + block, rows), tuple(p.shape[1:]), p.dtype)
+        for start, dense in tokens.dense_blocks(rows, block, tuple(p.shape[1:]), p.dtype):
             self._hold(_bytes(dense))
             try:
                 self._use(p, dense, start)
