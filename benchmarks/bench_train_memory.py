@@ -20,7 +20,8 @@ Runs (RUNS): FP32; BF16 AMP (fp32 parameters, torch.autocast(bfloat16), torch.op
 nn.Parameters, fp8mp's Linear layers under fp8_autocast, fp8mp.optim.AdamW with FP8 states and stochastically
 rounded bf16 parameters, the norms and activation functions saving for backward in FP8); the same with the LM head
 and loss chunked (fp8mp.integrations.hf.use_chunked_loss: the Llama only), and with the optimizer step in backward
-too (fp8mp.step_in_backward); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
+too (fp8mp.step_in_backward: the LM head's, the FP8 Linear weights' and an untied embedding's gradients, the last
+through fp8mp.nn.embedding_grad_in_row_blocks, stepped a block of rows of at most 1 MiB at a time); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
 AdamWFp8, AdamW8bit, and bf16 parameters with its bf16 stochastic-rounding AdamW (torchao.optim._AdamW). The peers
 keep bf16 parameters where the fp8mp memory-lean run does, and round them stochastically as it does. A run that
 cannot run here gets a row that says why.
@@ -286,6 +287,10 @@ def measure(model_key: str, run: Run, quick: bool, device: str) -> dict:
     if run.step_in_backward:
         import fp8mp
 
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        head = output_embedding(model)
+        if type(embedding) is torch.nn.Embedding and embedding.weight is not getattr(head, "weight", None):
+            fp8mp.nn.embedding_grad_in_row_blocks(embedding)  # an untied embedding: its gradient a block of rows at a time
         stepper = fp8mp.step_in_backward(optimizer)
     vocab = spec.config.get("vocab_size", 256)
     ids = torch.randint(vocab, (spec.batch, spec.seq), generator=torch.Generator().manual_seed(1)).to(device)

@@ -123,7 +123,8 @@ class GPT(torch.nn.Module):
             x = block(x)
         x = self.norm_f(x)
         if targets is not None and self.config.chunked_loss:
-            return None, fp8mp.nn.chunked_linear_cross_entropy(x, self.tok_emb.weight, targets)
+            # tied to the embedding: the head's gradient stays whole (the embedding's part joins it), no row blocks
+            return None, fp8mp.nn.chunked_linear_cross_entropy(x, self.tok_emb.weight, targets, row_blocks=False)
         logits = F.linear(x, self.tok_emb.weight)  # tied LM head, never FP8
         if targets is None:
             return logits, None

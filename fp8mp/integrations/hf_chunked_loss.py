@@ -9,6 +9,10 @@ the tokens not ignored and `num_items_in_batch` (a sum divided by it) of transfo
 output's `logits` is then None. Without `labels` (evaluation of logits, `generate`) the forward is the
 model's own. `restore_loss(model)` undoes it. The head stays in high precision; an FP8 head (an fp8mp module)
 or one with a bias, and a model that caps its logits (Gemma's final_logit_softcapping), are refused.
+
+Under fp8mp.step_in_backward an untied head's gradient comes a block of vocabulary rows at a time (stepped
+at once: fp8mp/nn/chunked_cross_entropy.py); a head tied to the input embedding keeps its whole gradient,
+where the embedding's part joins it.
 """
 from __future__ import annotations
 
@@ -87,8 +91,10 @@ def _forward(self, input_ids=None, attention_mask=None, position_ids=None, past_
         shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
     chunk_tokens = getattr(self, _ATTRIBUTE) or None
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    embedding = self.get_input_embeddings()
+    tied = getattr(embedding, "weight", None) is head.weight  # the head's gradient then has two parts
     loss = chunked_linear_cross_entropy(hidden, head.weight, shift_labels.to(hidden.device), ignore_index=IGNORE_INDEX,
-                                        reduction=reduction, chunk_tokens=chunk_tokens)
+                                        reduction=reduction, chunk_tokens=chunk_tokens, row_blocks=not tied)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)

@@ -3,6 +3,7 @@ storage, LoRA and convert/unconvert. May import fp8mp.ops and fp8mp.scaling, nev
 from fp8mp.nn import fp8_state_dict, lora
 from fp8mp.nn.chunked_cross_entropy import chunked_linear_cross_entropy
 from fp8mp.nn.conv1d import Conv1D
+from fp8mp.nn.embedding_grad_rows import embedding_grad_in_row_blocks, restore_embedding_grad
 from fp8mp.nn.fp8_state_dict import load_state_dict
 from fp8mp.nn.conversion import FP8_MODULES, convert, enable_fp8_all_gather, store_frozen_weights_in_fp8, unconvert
 from fp8mp.nn.fp8_all_gather import Fp8AllGatherWeight, Fp8GatheredWeight, precompute_fp8_weight_scales
@@ -18,5 +19,5 @@ from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
 __all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
            "fp8_model_init", "Fp8FrozenWeight", "store_frozen_weights_in_fp8", "decode_frozen_weights", "tensor_bytes", "lora", "fp8_state_dict", "load_state_dict",
-           "chunked_linear_cross_entropy", "fp8_recompute", "Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather",
+           "chunked_linear_cross_entropy", "embedding_grad_in_row_blocks", "restore_embedding_grad", "fp8_recompute", "Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather",
            "precompute_fp8_weight_scales"]

@@ -12,11 +12,23 @@ and its gradient in fp32; the gradient of the logits is rounded to x's dtype for
 autograd does for ``F.linear(x, w).float()``; the weight gradient of the chunks is summed in fp32 and rounded
 to the weight's dtype once (for a bf16 weight that sum is a transient of 4 bytes x vocab x hidden during the
 loss's backward; each chunk's product is added into it in place). The head runs in high precision (bf16 or fp32): an FP8 head is not chunked.
+
+When the weight is stepped in backward in row blocks (fp8mp.step_in_backward; fp8mp/optim/row_block_grads.py),
+backward runs by blocks of vocabulary rows instead: a block's logits for every token (from the saved
+log-sum-exps), its softmax gradient, and that block's weight-gradient rows in one GEMM (grad_logits^T @ x, the
+unchunked backward's rows) handed to the optimizer at once; the input gradient is summed over the blocks in fp32
+(grad_logits @ the block's rows, from the rounded gradient) and rounded once, and no weight gradient is returned.
+The transients are then a block's [tokens, rows] fp32 logits, its weight rows in fp32, and the fp32 input
+gradient, instead of the fp32 [vocab, hidden] sum.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
+
+from fp8mp.optim.row_block_grads import sink_of
 
 __all__ = ["chunked_linear_cross_entropy", "default_chunk_tokens"]
 
@@ -45,7 +57,7 @@ def _logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, target, chunk, ignore_index, mean):
+    def forward(ctx, x, weight, target, chunk, ignore_index, mean, row_blocks):
         valid = target != ignore_index
         safe_target = torch.where(valid, target, torch.zeros((), dtype=target.dtype, device=target.device))
         lse = torch.empty(x.shape[0], dtype=_loss_dtype(x), device=x.device)
@@ -59,6 +71,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         count = valid.sum()
         ctx.save_for_backward(x, weight, safe_target, valid, lse, count)
         ctx.chunk, ctx.mean = chunk, mean
+        # The weight itself, for the row blocks' registry: a saved tensor may unpack as another object (saved-tensor
+        # hooks), and the registry knows the parameter by its identity.
+        ctx.weight_ref = weakref.ref(weight) if row_blocks else None
         return total / count if mean else total
 
     @staticmethod
@@ -66,6 +81,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         x, weight, safe_target, valid, lse, count = ctx.saved_tensors
         scale = grad_loss.to(lse.dtype) / count if ctx.mean else grad_loss.to(lse.dtype)
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        param = ctx.weight_ref() if want_w and ctx.weight_ref is not None else None
+        sink = sink_of(param)
+        if sink is not None:
+            return _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink, param), *[None] * 6
         grad_x = torch.empty_like(x) if want_x else None
         several = x.shape[0] > ctx.chunk
         grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_w and several else None
@@ -83,12 +102,36 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             elif want_w:  # summed in place in fp32, from the rounded gradient (the operand of the unchunked GEMM)
                 grad_w.addmm_(probs.copy_(grad_logits).t(), x_c.to(grad_w.dtype))
             del probs, grad_logits
-        return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+        return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+
+
+def _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink, param):
+    """The backward by blocks of vocabulary rows, each block's weight-gradient rows handed to `sink` as those of
+    `param` (the parameter `weight` holds the values of; module docstring); returns the input gradient (None
+    unless `want_x`)."""
+    grad_x = torch.zeros(x.shape, dtype=lse.dtype, device=x.device) if want_x else None
+    token_scale = (valid.to(lse.dtype) * scale)[:, None]
+    block = sink.block_rows(param)
+    for start, end in _chunks(weight.shape[0], block):
+        w_rows = weight[start:end]
+        probs = (_logits(x, w_rows) - lse[:, None]).exp_()
+        in_block = (safe_target >= start) & (safe_target < end)
+        tokens = in_block.nonzero().squeeze(1)
+        probs[tokens, safe_target[tokens] - start] -= 1.0
+        probs *= token_scale
+        grad_logits = probs.to(x.dtype)
+        grad_rows = (grad_logits.t() @ x).contiguous()
+        if want_x:  # from the rounded gradient, as the unchunked GEMM's operand; before the rows are stepped
+            grad_x.addmm_(probs.copy_(grad_logits), w_rows.to(grad_x.dtype))
+        del probs, grad_logits
+        sink.take_rows(param, start, grad_rows)
+        del grad_rows
+    return None if grad_x is None else grad_x.to(x.dtype)
 
 
 def chunked_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
                                  ignore_index: int = -100, reduction: str = "mean",
-                                 chunk_tokens: int | None = None) -> torch.Tensor:
+                                 chunk_tokens: int | None = None, row_blocks: bool = True) -> torch.Tensor:
     """``F.cross_entropy(F.linear(x, weight).float(), target, ignore_index=..., reduction=...)`` a chunk of tokens
     at a time (see the module docstring): the same loss and gradients within fp32 rounding, without the
     [tokens, vocab] logits.
@@ -100,6 +143,9 @@ def chunked_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
         target: integer class indices of x's leading shape; `ignore_index` marks tokens without a loss.
         reduction: "mean" (over the tokens not ignored: NaN when all are, as F.cross_entropy) or "sum".
         chunk_tokens: tokens per chunk (default: default_chunk_tokens(vocab), 16 MiB of fp32 logits a chunk).
+        row_blocks: hand the weight's gradient in row blocks to an optimizer that steps it in backward, when one
+            has registered for `weight` (module docstring); False where the weight also gets a gradient elsewhere
+            in the same backward (an LM head tied to the embedding).
     """
     name = "fp8mp.nn.chunked_linear_cross_entropy"
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.dtype not in _DTYPES:
@@ -124,4 +170,4 @@ def chunked_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
         raise TypeError(f"{name}: argument 'weight' must have x's dtype {x.dtype}, got {weight.dtype}")
     with torch.autocast(device_type, enabled=False):
         return _ChunkedLinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, target.reshape(-1).long(),
-                                                chunk_tokens, ignore_index, reduction == "mean")
+                                                chunk_tokens, ignore_index, reduction == "mean", bool(row_blocks))

@@ -34,19 +34,35 @@ starts: accumulate with `optimizer.step()` instead, which keeps the buffer), glo
 (`clip_grad_norm_` raises: the norm needs every gradient before the first step), a backward that does not go
 through `stepper.backward` while the hooks are on (`remove()` takes them off).
 
+**Row blocks.** A parameter whose gradient is larger than `max_grad_block_bytes` (default 1 MiB) is stepped a
+block of rows at a time where its gradient can be produced so (fp8mp/optim/row_block_grads.py): the LM head
+of fp8mp.nn.chunked_linear_cross_entropy (its backward by vocabulary rows), the weights of fp8mp's FP8 Linear
+layers (their wgrad GEMM by output rows), an nn.Embedding after fp8mp.nn.embedding_grad_in_row_blocks (its
+gradient made dense a block of rows at a time from its output's gradient), and an `nn.Embedding(...,
+sparse=True)`, whose sparse gradient (the [tokens, hidden] rows of the tokens seen) is made dense here a block
+of rows at a time the same way (each row the sum of its tokens' rows in fp32, rounded once; the rows of tokens
+not seen are zeros and step as well: their moments decay, weight decay applies). Each block starts on a 128-element boundary of the whole tensor and is checked, unscaled and
+stepped at once as a shard of it would be (`element_offset`): the same bits as a step of the whole gradient,
+with the `step` counter advanced once. So what is held at once is a block, not the whole gradient of the
+head or the embedding; `peak_grad_bytes` counts the blocks (and a sparse gradient's rows and indices).
+
 Checkpoints are the optimizer's own `state_dict()`: a stepper holds no state, so a resumed run builds a new
 one on the loaded optimizer and continues bit for bit.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from fp8mp.optim import sharding
+from fp8mp.optim import row_block_grads, sharding
 from fp8mp.optim.fused import FusedOptimizer
+from fp8mp.ops.optim import STATE_BLOCK
 
 __all__ = ["StepInBackward", "step_in_backward"]
 
 _CHECK, _STEP, _DISCARD = "check", "step", "discard"
+DEFAULT_GRAD_BLOCK_BYTES = 2**20
 
 
 class StepInBackward:
@@ -54,13 +70,19 @@ class StepInBackward:
     `stepped` (False when the step was skipped), `peak_grad_bytes` (the most bytes of `.grad` held at once
     during it)."""
 
-    def __init__(self, optimizer: FusedOptimizer, scaler=None, verify: bool | None = None):
+    def __init__(self, optimizer: FusedOptimizer, scaler=None, verify: bool | None = None,
+                 max_grad_block_bytes: int | None = DEFAULT_GRAD_BLOCK_BYTES):
         if not isinstance(optimizer, FusedOptimizer):
             raise TypeError("fp8mp.step_in_backward: argument 'optimizer' must be an fp8mp.optim.AdamW or Lion "
                             f"(a FusedOptimizer), got {type(optimizer).__name__}")
         if scaler is not None and not callable(getattr(scaler, "record_checked_step", None)):
             raise TypeError(f"fp8mp.step_in_backward: argument 'scaler' must be an fp8mp.LossScaler, got "
                             f"{type(scaler).__name__}")
+        if max_grad_block_bytes is not None and (isinstance(max_grad_block_bytes, bool) or not isinstance(
+                max_grad_block_bytes, int) or max_grad_block_bytes < 1):
+            raise ValueError("fp8mp.step_in_backward: argument 'max_grad_block_bytes' must be an int >= 1 (bytes of "
+                             f"gradient a row block holds) or None (no row blocks), got {max_grad_block_bytes!r}")
+        self.max_grad_block_bytes = max_grad_block_bytes
         self.optimizer = optimizer
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         can_skip = optimizer.skip_nonfinite or self.scaler is not None
@@ -82,6 +104,13 @@ class StepInBackward:
                              "parallel); the step in backward runs on unsharded parameters only: call "
                              "optimizer.step() after backward there")
         self._hooked = set(params)
+        # Row blocks for the large parameters whose row slices are contiguous shards of them (module docstring).
+        self._row_blocked = [] if max_grad_block_bytes is None else [
+            p for p in params.values() if p.dim() >= 1 and p.is_contiguous()
+            and p.numel() * p.element_size() > max_grad_block_bytes]
+        self._rows_taken: dict[int, int] = {}
+        self._whole: set[int] = set()
+        self._counters: dict[int, torch.Tensor] = {}
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params.values()]
 
     # ----------------------------------------------------------------------------- the hook
@@ -93,17 +122,73 @@ class StepInBackward:
         p.grad = None
         if grad is None:
             return
-        if grad.is_sparse:
-            raise RuntimeError(f"fp8mp.step_in_backward: a parameter of shape {list(p.shape)} has a sparse gradient")
-        self._held += grad.numel() * grad.element_size()
-        self.peak_grad_bytes = max(self.peak_grad_bytes, self._held)
+        if id(p) in self._rows_taken:
+            self._refuse_mixed(p)
+        self._whole.add(id(p))
+        held = _bytes(grad._indices()) + _bytes(grad._values()) if grad.is_sparse else _bytes(grad)
+        self._hold(held)
         try:
             with torch.no_grad():
-                self._use(p, grad)
+                if not grad.is_sparse:
+                    self._use(p, grad)
+                elif grad.sparse_dim() != 1 or grad.dense_dim() != p.dim() - 1:
+                    raise RuntimeError(f"fp8mp.step_in_backward: a parameter of shape {list(p.shape)} has a sparse "
+                                       "gradient that is not sparse along its rows only (nn.Embedding's sparse=True)")
+                else:
+                    self._use_sparse(p, grad)
         finally:
-            self._held -= grad.numel() * grad.element_size()
+            self._hold(-held)
 
-    def _use(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+    def _use_sparse(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Step p from its row-sparse gradient a block of dense rows at a time (module docstring)."""
+        rows = p.shape[0]
+        block = rows if self.max_grad_block_bytes is None else self.block_rows(p)
+        tokens = row_block_grads.TokenRows(grad._indices()[0], grad._values())
+        for start, dense in tokens.dense_blocks(rows, block, tuple(p.shape[1:]), p.dtype):
+            self._hold(_bytes(dense))
+            try:
+                self._use(p, dense, start)
+            finally:
+                self._hold(-_bytes(dense))
+            del dense
+
+    # ----------------------------------------------------------------------------- row blocks (RowBlockSink)
+    def block_rows(self, weight: torch.Tensor) -> int:
+        """Rows a block of `weight`'s gradient holds (fp8mp/optim/row_block_grads.py)."""
+        return row_block_grads.rows_per_block(weight.shape, weight.element_size(), self.max_grad_block_bytes)
+
+    def take_rows(self, weight: torch.Tensor, row_start: int, grad_rows: torch.Tensor) -> None:
+        """Check or step rows [row_start, row_start + len(grad_rows)) of `weight` with their gradient."""
+        if self._phase is None:
+            raise RuntimeError("fp8mp.step_in_backward: gradient rows arrived outside StepInBackward.backward(loss)")
+        if id(weight) in self._whole:
+            self._refuse_mixed(weight)
+        taken = self._rows_taken.get(id(weight), 0) + grad_rows.shape[0]
+        if taken > weight.shape[0] or tuple(grad_rows.shape[1:]) != tuple(weight.shape[1:]):
+            raise RuntimeError(f"fp8mp.step_in_backward: a parameter of shape {list(weight.shape)} received gradient "
+                               "rows beyond its own (a weight used twice in one backward is not stepped in row "
+                               "blocks: pass max_grad_block_bytes=None)")
+        self._rows_taken[id(weight)] = taken
+        self._hold(_bytes(grad_rows))
+        try:
+            with torch.no_grad():
+                self._use(weight, grad_rows, row_start)
+        finally:
+            self._hold(-_bytes(grad_rows))
+
+    @staticmethod
+    def _refuse_mixed(p: torch.Tensor) -> None:
+        raise RuntimeError(f"fp8mp.step_in_backward: a parameter of shape {list(p.shape)} received its gradient both "
+                           "in row blocks and as a whole (a weight tied to another use, e.g. an LM head tied to the "
+                           "embedding); pass max_grad_block_bytes=None, or keep the tied head out of the chunked loss")
+
+    def _hold(self, nbytes: int) -> None:
+        self._held += nbytes
+        self.peak_grad_bytes = max(self.peak_grad_bytes, self._held)
+
+    def _use(self, p: torch.Tensor, grad: torch.Tensor, row_start: int | None = None) -> None:
+        """Check (first pass) or step (second pass) p with grad: the whole gradient, or with `row_start` the
+        gradient of rows [row_start, row_start + len(grad)), which is checked, unscaled and stepped as a shard."""
         if self._phase == _DISCARD:
             return
         if self.scaler is not None:  # in place, as LossScaler.unscale_ unscales .grad
@@ -117,8 +202,23 @@ class StepInBackward:
         optimizer = self.optimizer
         layout = sharding.shard_layout(p, f"of shape {list(p.shape)}")
         state = optimizer._state_of(p, optimizer._state_dtype(group), layout)
-        local_state = {key: optimizer._local_state(key, value, p) for key, value in state.items()}
-        optimizer._step_parameter(group, p, grad, local_state, None, layout.element_offset)
+        if row_start is None:
+            local_state = {key: optimizer._local_state(key, value, p) for key, value in state.items()}
+            optimizer._step_parameter(group, p, grad, local_state, None, layout.element_offset)
+            return
+        # A block steps as a shard starting at its first element; every block of p counts from the step count
+        # p had before its first block, so that the count advances once.
+        counter = self._counters.setdefault(id(p), state["step"].clone())
+        start, end = row_start * layout.row_numel, (row_start + grad.shape[0]) * layout.row_numel
+        block_state = {"step": counter.clone(), "seed": state["seed"]}
+        for key, value in state.items():
+            if key.endswith("_scale"):
+                block_state[key] = value[start // STATE_BLOCK:-(-end // STATE_BLOCK)]
+            elif key not in block_state:
+                block_state[key] = value[row_start:row_start + grad.shape[0]]
+        optimizer._step_parameter(group, p.detach()[row_start:row_start + grad.shape[0]], grad, block_state, None,
+                                  start)
+        state["step"].copy_(block_state["step"])
 
     # ----------------------------------------------------------------------------- the step
     def backward(self, loss: torch.Tensor) -> bool:
@@ -148,17 +248,28 @@ class StepInBackward:
             if self.verify:
                 device = next(iter(self._groups_params())).device
                 self._found = torch.zeros(1, dtype=torch.float32, device=device)
-                self._phase = _CHECK
-                loss.backward(retain_graph=True)
+                self._pass(loss, _CHECK, retain_graph=True)
                 if self.scaler is not None:
                     self.stepped = not self.scaler.record_checked_step(self.optimizer, self._found)
                 else:
                     self.stepped = not bool(self._found.item())
-            self._phase = _STEP if self.stepped else _DISCARD
-            loss.backward()
+            self._pass(loss, _STEP if self.stepped else _DISCARD, retain_graph=False)
         finally:
             self._phase, self._found = None, None
+            self._rows_taken, self._whole, self._counters = {}, set(), {}
         return self.stepped
+
+    def _pass(self, loss: torch.Tensor, phase: str, retain_graph: bool) -> None:
+        """One backward of `loss` in `phase`, the row-blocked parameters' rows handed here."""
+        self._phase = phase
+        self._rows_taken, self._whole, self._counters = {}, set(), {}
+        with (row_block_grads.handing_rows_to(self, self._row_blocked) if self._row_blocked
+              else contextlib.nullcontext()):
+            loss.backward(retain_graph=retain_graph)
+        for p in self._row_blocked:
+            if 0 < self._rows_taken.get(id(p), 0) < p.shape[0]:
+                raise RuntimeError(f"fp8mp.step_in_backward: a parameter of shape {list(p.shape)} received gradient "
+                                   f"rows for {self._rows_taken[id(p)]} of its {p.shape[0]} rows only")
 
     def _groups_params(self):
         return (p for group in self.optimizer.param_groups for p in group["params"])
@@ -176,7 +287,12 @@ class StepInBackward:
         self._handles = []
 
 
-def step_in_backward(optimizer: FusedOptimizer, scaler=None, verify: bool | None = None) -> StepInBackward:
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def step_in_backward(optimizer: FusedOptimizer, scaler=None, verify: bool | None = None,
+                     max_grad_block_bytes: int | None = DEFAULT_GRAD_BLOCK_BYTES) -> StepInBackward:
     """Step `optimizer`'s parameters in backward (fp8mp/training/in_backward_step.py): returns the handle whose
     `backward(loss)` replaces ``loss.backward(); scaler.step(optimizer); optimizer.zero_grad()``.
 
@@ -184,5 +300,8 @@ def step_in_backward(optimizer: FusedOptimizer, scaler=None, verify: bool | None
         `update()` after `backward` as usual.
     verify: check every gradient in a first backward pass before stepping in a second one (default: whenever a
         step can be skipped; False is refused then).
+    max_grad_block_bytes: the most bytes of gradient a row block holds (default 1 MiB; at least the rows that
+        make whole 128-element FP8 state blocks): parameters with a larger gradient are stepped a block of rows
+        at a time where their gradient comes so (module docstring). None: every gradient whole.
     """
-    return StepInBackward(optimizer, scaler=scaler, verify=verify)
+    return StepInBackward(optimizer, scaler=scaler, verify=verify, max_grad_block_bytes=max_grad_block_bytes)

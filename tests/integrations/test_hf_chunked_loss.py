@@ -9,12 +9,12 @@ import torch
 from fp8mp.training.saved_tensors import saved_tensor_bytes
 
 
-def tiny_llama(vocab=512):
+def tiny_llama(vocab=512, tied=True):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                                       intermediate_size=128, vocab_size=vocab, max_position_embeddings=64,
-                                      tie_word_embeddings=True, attn_implementation="sdpa")
+                                      tie_word_embeddings=tied, attn_implementation="sdpa")
     return transformers.LlamaForCausalLM(config)
 
 
@@ -62,3 +62,23 @@ def test_hf_wiring_refuses_a_head_it_cannot_chunk():
     model.config.tie_word_embeddings = False
     with pytest.raises(TypeError, match="plain torch.nn.Linear head"):
         fp8_hf.use_chunked_loss(model)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_step_in_backward_takes_an_untied_head_in_row_blocks_and_a_tied_one_whole(tied):
+    """With fp8mp.step_in_backward the untied head's gradient comes a block of vocabulary rows at a time (and the
+    sparse embedding's is made dense a block at a time): the most gradient bytes held at once fall below the
+    head's gradient; a head tied to the embedding keeps its whole gradient (its two parts meet in .grad)."""
+    import fp8mp
+    import fp8mp.integrations.hf as fp8_hf
+
+    vocab, hidden = 512, 64
+    model = fp8_hf.use_chunked_loss(tiny_llama(vocab, tied=tied).to(torch.bfloat16), chunk_tokens=20)
+    model.get_input_embeddings().sparse = not tied
+    ids = torch.randint(vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+    stepper = fp8mp.step_in_backward(fp8mp.optim.AdamW(model.parameters(), lr=1e-3), max_grad_block_bytes=8192)
+    head = model.get_output_embeddings().weight.detach().clone()
+    assert stepper.backward(model(input_ids=ids, labels=ids).loss)
+    assert not torch.equal(head, model.get_output_embeddings().weight)
+    head_grad = 2 * vocab * hidden
+    assert stepper.peak_grad_bytes == head_grad if tied else stepper.peak_grad_bytes < head_grad
