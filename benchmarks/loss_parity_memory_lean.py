@@ -17,10 +17,12 @@ and a Llama from a transformers config (2 layers, hidden 128, 4 heads of 32 with
 384, vocabulary 256, untied head), both on train_gpt.py's byte corpus, batch 8 x 64, AdamW lr 1e-3 (warmup,
 cosine), weight decay 0.1. The final loss is the validation loss over fixed batches at the last step, in each run's
 own precision. Goal: every lever's mean over the seeds within 0.5% of BF16's; per seed, every lever against
-memory-lean.
+memory-lean. `--ablations` adds the memory-lean recipe taken apart (ABLATIONS: FP8 Linears alone, with fp32
+parameters and torch's AdamW; then with bf16 parameters and fp8mp's E4M3-state AdamW too; memory-lean itself adds
+the FP8-saved norms and activations), each run's mean against BF16's.
 
     python benchmarks/loss_parity_memory_lean.py [--steps 150] [--seeds 5] [--models gpt,llama] [--threads 1]
-                                                 [--json PATH]
+                                                 [--ablations] [--json PATH]
 """
 from __future__ import annotations
 
@@ -51,9 +53,16 @@ class Run:
     name: str
     lean: bool  # bf16 parameters, FP8 Linears, FP8 AdamW states, FP8-saved norms and activations
     every_lever: bool = False  # + FP8-saved MLP multiply and attention, chunked loss, step in backward
+    # The memory-lean recipe taken apart (--ablations): which of its parts (lean=False) a run has
+    fp8_linears: bool = False  # fp8mp's Linear layers under fp8_autocast (else torch.autocast(bfloat16))
+    lean_optimizer: bool = False  # bf16 parameters and fp8mp.optim.AdamW's E4M3 states (else fp32 and torch's)
 
 
 RUNS = [Run("BF16", lean=False), Run("memory-lean", lean=True), Run("every lever", lean=True, every_lever=True)]
+# Memory-lean less its FP8-saved norms and activations, and less those and its optimizer: with BF16 and
+# memory-lean, they tell which part of the recipe moves the loss.
+ABLATIONS = [Run("FP8 Linears", lean=False, fp8_linears=True),
+             Run("FP8 Linears + bf16 params + FP8 states", lean=False, fp8_linears=True, lean_optimizer=True)]
 
 
 def build(model_key: str, run: Run):
@@ -77,9 +86,14 @@ def prepared(model_key: str, run: Run, seed: int):
     torch.manual_seed(seed)
     model, loss_of = build(model_key, run)
     config = TrainConfig(lr=1e-3)
-    if not run.lean:
-        return model, loss_of, OPTIMIZERS["torch AdamW"](model.parameters(), config), None
     head = model.get_output_embeddings() if model_key != "gpt" else None
+    if not run.lean:
+        if run.fp8_linears:
+            model = fp8mp.convert(model, module_filter=lambda name, m: m is not head)
+        if run.lean_optimizer:
+            model = model.to(torch.bfloat16)
+        return model, loss_of, OPTIMIZERS["fp8mp AdamW FP8" if run.lean_optimizer else "torch AdamW"](
+            model.parameters(), config), None
     model = fp8mp.convert(model, module_filter=lambda name, m: m is not head, fp8_saved_activations=True)
     model = model.to(torch.bfloat16)
     if run.every_lever and model_key != "gpt":
@@ -92,7 +106,7 @@ def prepared(model_key: str, run: Run, seed: int):
 
 
 def forward_context(run: Run):
-    return fp8mp.fp8_autocast() if run.lean else torch.autocast("cpu", dtype=torch.bfloat16)
+    return fp8mp.fp8_autocast() if run.lean or run.fp8_linears else torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 def train(model_key: str, run: Run, seed: int, steps: int, data, progress) -> dict:
@@ -140,6 +154,18 @@ def summary(model_key: str, rows: list[dict], seeds: int) -> tuple[str, dict]:
     return table + "\n" + verdict, {"means": means, "every_lever_vs_bf16": vs_bf16}
 
 
+def ablation_summary(model_key: str, rows: list[dict], seeds: int) -> tuple[str, dict]:
+    """Each run's mean final loss over the seeds against BF16's (the main runs and the ablations)."""
+    final = {(r["run"], r["seed"]): r["final_val"] for r in rows if r["model"] == model_key}
+    names = [run.name for run in RUNS + ABLATIONS if (run.name, 0) in final]
+    means = {name: statistics.mean(final[(name, s)] for s in range(seeds)) for name in names}
+    cells = [[name, f"{means[name]:.4f}", f"{(means[name] / means['BF16'] - 1) * 100:+.2f}%",
+              " ".join(f"{final[(name, s)]:.4f}" for s in range(seeds))] for name in names]
+    table = markdown_table(f"the memory-lean recipe taken apart, {model_key}, mean final validation loss of {seeds} "
+                           "seeds", ["run", "mean", "vs BF16", "per seed"], cells)
+    return table, {name: means[name] / means["BF16"] - 1 for name in names}
+
+
 def main(argv: list[str] | None = None) -> dict:
     from tqdm import tqdm
 
@@ -148,6 +174,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--models", default="gpt,llama", help="comma-separated, of gpt, llama")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared machine's steadier pick)")
+    parser.add_argument("--ablations", action="store_true",
+                        help="also the memory-lean recipe less its FP8-saved norms and activations, and less those "
+                             "and its optimizer (ABLATIONS), in a table of means against BF16")
     parser.add_argument("--json", default=None, help="add the figures to this JSON file (benchmarks/results_json.py)")
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -157,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps < 1 or args.seeds < 1 or args.threads < 1:
         parser.error("arguments --steps, --seeds and --threads must be >= 1")
     data = load_data(TrainConfig())
-    jobs = [(key, run, seed) for key in models for seed in range(args.seeds) for run in RUNS]
+    runs = RUNS + ABLATIONS if args.ablations else RUNS
+    jobs = [(key, run, seed) for key in models for seed in range(args.seeds) for run in runs]
     rows = []
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -173,6 +203,9 @@ def main(argv: list[str] | None = None) -> dict:
     for key in models:
         text, figures["summary"][key] = summary(key, rows, args.seeds)
         print(text + "\n")
+        if args.ablations:
+            text, figures["summary"][key]["ablations_vs_bf16"] = ablation_summary(key, rows, args.seeds)
+            print(text + "\n")
     record(args.json, "loss_parity_memory_lean", figures)
     return figures
 

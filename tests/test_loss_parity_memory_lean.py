@@ -25,15 +25,37 @@ def test_every_lever_run_wires_each_lever():
     assert {p.dtype for p in llama.parameters()} == {torch.bfloat16}
 
 
+def test_ablation_runs_take_the_recipe_apart():
+    fp8_only, lean_optimizer = parity.ABLATIONS
+    model, _, optimizer, stepper = parity.prepared("llama", fp8_only, seed=0)
+    import fp8mp
+    import fp8mp.nn.saved_activations as saved
+
+    assert stepper is None and type(optimizer) is torch.optim.AdamW
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    linears = [m for m in model.modules() if isinstance(m, fp8mp.nn.Linear)]
+    assert linears and model.get_output_embeddings() not in linears
+    assert not any(map(saved.has_fp8_saved_activations, model.modules()))
+    model, _, optimizer, _ = parity.prepared("llama", lean_optimizer, seed=0)
+    assert isinstance(optimizer, fp8mp.optim.AdamW) and optimizer.state_dtype == torch.float8_e4m3fn
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert not any(map(saved.has_fp8_saved_activations, model.modules()))
+    lean, _, _, _ = parity.prepared("llama", parity.RUNS[1], seed=0)
+    assert any(map(saved.has_fp8_saved_activations, lean.modules()))
+
+
 def test_cli_prints_a_table_per_model_and_records_json(tmp_path, capsys):
     path = tmp_path / "figures.json"
     threads = torch.get_num_threads()
-    parity.main(["--steps", "2", "--seeds", "1", "--threads", "1", "--json", str(path)])
+    parity.main(["--steps", "2", "--seeds", "1", "--threads", "1", "--ablations", "--json", str(path)])
     assert torch.get_num_threads() == threads  # put back
     out = capsys.readouterr().out
     for model in ("gpt", "llama"):
         assert f"### final validation loss, {model}, 1 seeds" in out
         assert f"{model}: every lever's mean final loss" in out
     figures = json.loads(path.read_text())["loss_parity_memory_lean"]
-    assert len(figures["rows"]) == 2 * len(parity.RUNS)
+    assert len(figures["rows"]) == 2 * len(parity.RUNS + parity.ABLATIONS)
+    for model in ("gpt", "llama"):
+        assert f"### the memory-lean recipe taken apart, {model}" in out
+        assert set(figures["summary"][model]["ablations_vs_bf16"]) == {run.name for run in parity.RUNS + parity.ABLATIONS}
     assert all(len(row["train_losses"]) == 2 and row["final_val"] > 0 for row in figures["rows"])
