@@ -23,12 +23,11 @@ gradient, instead of the fp32 [vocab, hidden] sum.
 """
 from __future__ import annotations
 
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from fp8mp.optim.row_block_grads import sink_of
+from fp8mp.optim.row_block_grads import referenced, sink_of, weight_ref_for_row_blocks
 
 __all__ = ["chunked_linear_cross_entropy", "default_chunk_tokens"]
 
@@ -73,7 +72,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         ctx.chunk, ctx.mean = chunk, mean
         # The weight itself, for the row blocks' registry: a saved tensor may unpack as another object (saved-tensor
         # hooks), and the registry knows the parameter by its identity.
-        ctx.weight_ref = weakref.ref(weight) if row_blocks else None
+        ctx.weight_ref = weight_ref_for_row_blocks(weight) if row_blocks else None
         return total / count if mean else total
 
     @staticmethod
@@ -81,7 +80,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         x, weight, safe_target, valid, lse, count = ctx.saved_tensors
         scale = grad_loss.to(lse.dtype) / count if ctx.mean else grad_loss.to(lse.dtype)
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        param = ctx.weight_ref() if want_w and ctx.weight_ref is not None else None
+        param = referenced(ctx.weight_ref) if want_w else None
         sink = sink_of(param)
         if sink is not None:
             return _backward_by_vocab_rows(x, weight, safe_target, valid, lse, scale, want_x, sink, param), *[None] * 6

@@ -15,12 +15,11 @@ Not for a weight tied to another use (an LM head): its gradient would come in ro
 from __future__ import annotations
 
 import types
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from fp8mp.optim.row_block_grads import TokenRows, sink_of
+from fp8mp.optim.row_block_grads import TokenRows, referenced, sink_of, weight_ref_for_row_blocks
 
 __all__ = ["embedding_grad_in_row_blocks", "restore_embedding_grad"]
 
@@ -30,14 +29,14 @@ class _RowBlockEmbedding(torch.autograd.Function):
     def forward(ctx, ids, weight, padding_idx):
         ctx.save_for_backward(ids)
         # The weight itself, for the row blocks' registry; its values are not needed
-        ctx.weight_ref, ctx.weight_shape = weakref.ref(weight), tuple(weight.shape)
+        ctx.weight_ref, ctx.weight_shape = weight_ref_for_row_blocks(weight), tuple(weight.shape)
         ctx.weight_dtype, ctx.padding_idx = weight.dtype, padding_idx
         return F.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx, grad_out):
         ids, = ctx.saved_tensors
-        weight = ctx.weight_ref()
+        weight = referenced(ctx.weight_ref)
         sink = sink_of(weight)
         if sink is None:
             return None, torch.ops.aten.embedding_dense_backward(

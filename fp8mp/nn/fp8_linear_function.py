@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from typing import Callable
 
 import torch
@@ -50,7 +49,7 @@ from fp8mp.scaling.fp8_meta import GRAD, INPUT, WEIGHT, Fp8Columns, Fp8Meta, col
 from fp8mp.ops.gemm import fp8_gemm
 from fp8mp.ops.cast import cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
-from fp8mp.optim.row_block_grads import sink_of
+from fp8mp.optim.row_block_grads import referenced, sink_of, weight_ref_for_row_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +129,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         ctx.options = options
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
         # The weight itself, for the row blocks' registry (a saved tensor may unpack as another object)
-        ctx.weight_ref = weakref.ref(weight) if fp8_weight is None and not options.weight_in_out else None
+        ctx.weight_ref = weight_ref_for_row_blocks(weight) if fp8_weight is None and not options.weight_in_out else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
 
@@ -162,7 +161,7 @@ class Fp8LinearFunction(torch.autograd.Function):
             grad_x = fp8_gemm(g_fp8, g_scale_inv, w_fp8_t, w_scale_inv, None, ctx.x_dtype, dgrad_fast)
         if ctx.needs_input_grad[1] and options.weight_in_out:  # dW [K,N] = x.T @ dy
             grad_w = fp8_gemm(x_fp8_t, x_scale_inv, g_fp8_t, g_scale_inv, None, ctx.w_dtype, wgrad_fast)
-        elif ctx.needs_input_grad[1] and (sink := sink_of(param := ctx.weight_ref and ctx.weight_ref())) is not None:
+        elif ctx.needs_input_grad[1] and (sink := sink_of(param := referenced(ctx.weight_ref))) is not None:
             block = sink.block_rows(param)  # dW's rows [start, start + block) = dy.T's rows @ x, one block at a time
             for start in range(0, g_fp8_t.shape[0], block):
                 sink.take_rows(param, start, fp8_gemm(g_fp8_t[start:start + block], g_scale_inv, x_fp8_t, x_scale_inv,

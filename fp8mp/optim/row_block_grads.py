@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 from typing import Iterable, Protocol
 
 import torch
 
 from fp8mp.ops.optim import STATE_BLOCK
 
-__all__ = ["RowBlockSink", "TokenRows", "handing_rows_to", "rows_per_block", "sink_of"]
+__all__ = ["RowBlockSink", "TokenRows", "handing_rows_to", "referenced", "rows_per_block", "sink_of",
+           "weight_ref_for_row_blocks"]
 
 
 class RowBlockSink(Protocol):
@@ -43,6 +45,19 @@ class RowBlockSink(Protocol):
 
 _lock = threading.Lock()
 _sinks: dict[int, tuple[torch.Tensor, RowBlockSink]] = {}
+
+
+def weight_ref_for_row_blocks(weight: torch.Tensor) -> weakref.ref | None:
+    """What a forward keeps to find its weight's sink in backward: a weak reference to the weight itself (a saved
+    tensor may unpack as another object under saved-tensor hooks, and the registry knows the parameter by its
+    identity); None while torch.compile traces (no row blocks there, and dynamo before torch 2.14 cannot branch
+    on a weak reference)."""
+    return None if torch.compiler.is_compiling() else weakref.ref(weight)
+
+
+def referenced(weight_ref: weakref.ref | None) -> torch.Tensor | None:
+    """The weight of `weight_ref_for_row_blocks`'s reference (None: no reference, or the weight is gone)."""
+    return None if weight_ref is None else weight_ref()
 
 
 def sink_of(weight: torch.Tensor | None) -> RowBlockSink | None:
