@@ -70,8 +70,6 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         count = valid.sum()
         ctx.save_for_backward(x, weight, safe_target, valid, lse, count)
         ctx.chunk, ctx.mean = chunk, mean
-        # The weight itself, for the row blocks' registry: a saved tensor may unpack as another object (saved-tensor
-        # hooks), and the registry knows the parameter by its identity.
         ctx.weight_ref = weight_ref_for_row_blocks(weight) if row_blocks else None
         return total / count if mean else total
 

@@ -128,7 +128,6 @@ class Fp8LinearFunction(torch.autograd.Function):
         ctx.meta_buffers = meta_buffers
         ctx.options = options
         ctx.x_dtype, ctx.w_dtype = x2d.dtype, weight.dtype if weight is not None else None
-        # The weight itself, for the row blocks' registry (a saved tensor may unpack as another object)
         ctx.weight_ref = weight_ref_for_row_blocks(weight) if fp8_weight is None and not options.weight_in_out else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
