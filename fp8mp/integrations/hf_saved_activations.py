@@ -4,10 +4,10 @@ its Linear layers, in one line::
     import fp8mp.integrations.hf as fp8_hf
     fp8_hf.use_fp8_saved_activations(model)
 
-Three pieces, each storing what it saves as E4M3 with one fp32 scale per 1 x 128 group:
+Three pieces, each storing what it saves as E4M3 with one fp32 scale per 1 x 128 group (the norms: bf16):
 
 * the norm and activation-function modules (`fp8mp.nn.saved_activations.enable_fp8_saved_activations`, what
-  ``fp8mp.convert(model, fp8_saved_activations=True)`` does);
+  ``fp8mp.convert(model, fp8_saved_activations=True)`` does: norms keep bf16, which that module says why);
 * the gated MLP multiply ``act_fn(gate_proj(x)) * up_proj(x)``: each MLP of the classes in `GATED_MLP_CLASSES`
   gets an instance forward that runs the multiply through `fp8mp.nn.fp8_recompute` (gate and up saved in FP8,
   ``act_fn(gate)`` computed again in backward) instead of keeping ``act_fn(gate)`` and ``up`` in bf16;
@@ -87,7 +87,7 @@ def uses_fp8_saved_activations(model: torch.nn.Module) -> bool:
 
 
 def use_fp8_saved_activations(model: torch.nn.Module) -> torch.nn.Module:
-    """Store what `model` saves for backward in FP8: norms, activations, gated MLP multiplies, attention (module
+    """Store what `model` saves for backward in FP8: activations, gated MLP multiplies, attention, norms in bf16 (module
     docstring); returns `model`. The model's attention implementation must be "sdpa"."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{_NAME}: argument 'model' must be a transformers model, got {type(model).__name__}")

@@ -84,9 +84,10 @@ def convert(
             modules that `module_filter` accepts in FP8, one byte a parameter, still read as an ordinary
             tensor (`fp8mp.nn.store_frozen_weights_in_fp8`, fp8mp/nn/fp8_frozen_weight.py). Layers too small
             for FP8 GEMMs are stored too (they decode).
-        fp8_saved_activations: also make the norms and activation-function modules (those `module_filter`
-            keeps) store what they save for backward in FP8, E4M3 with one fp32 scale per 128 elements
-            (fp8mp/nn/saved_activations.py, which says which modules and what is stored).
+        fp8_saved_activations: also make the activation-function modules (those `module_filter` keeps) store
+            what they save for backward in FP8, E4M3 with one fp32 scale per 128 elements, and the norms in bf16
+            (fp8mp/nn/saved_activations.py, which says which modules and what is stored, and why norms keep bf16;
+            `enable_fp8_saved_activations(model, norm_format="e4m3")` stores them in E4M3 too).
         fp8_all_gather: make the trainable weight of every fp8mp.nn.Linear (those `module_filter` keeps) an
             `fp8mp.nn.Fp8AllGatherWeight`, which FSDP2 (`fully_shard`, called after `convert`) all-gathers as
             E4M3 codes, one byte an element, and whose gathered codes the FP8 GEMMs take as they are

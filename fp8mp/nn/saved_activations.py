@@ -3,12 +3,20 @@
 A transformer block keeps, for backward, the inputs of its norms (the residual stream, fp32 under
 torch.autocast since layer_norm runs in fp32) and of its activation functions (the MLP's widest tensor),
 besides the Linear inputs that fp8mp's FP8 Linear already stores in FP8. `enable_fp8_saved_activations`
-(or ``fp8mp.convert(model, fp8_saved_activations=True)``) stores those too in FP8: E4M3 with one fp32
+(or ``fp8mp.convert(model, fp8_saved_activations=True)``) stores the activation functions' in FP8: E4M3 with one fp32
 scale per group of 128 consecutive elements along the last dimension (COAT's "group scaling",
 arXiv 2410.19313, with fp8mp.ops.block_quantize's 1 x 128 tiles and its "fp32" scale mode), so each
 element costs 1 + 4/128 bytes instead of 4 (fp32) or 2 (bf16), and backward reads back each element
 within half an E4M3 spacing of its value: ``|x' - x| <= 2^-4 |x|``, or ``2^-10 / scale`` for elements
 below E4M3's normal range in their group (``scale = 448 / group amax``).
+
+Norms store theirs in bf16 by default (``norm_format="bf16"``: an fp32 tensor rounded once to bf16, a bf16 or
+fp16 one kept as it is), in E4M3 as above with ``norm_format="e4m3"``. Why: a norm's weight gradient sums
+``dy * xhat`` over the tokens, and E4M3's spacing (2^-4) in xhat leaves it about 2% off, ten times bf16's error
+(fp32 sums of bf16 values); on a tiny Llama trained 200 steps (benchmarks/loss_parity_memory_lean.py) E4M3-stored
+norms cost about one point of final loss, FP8-stored activation-function inputs a fraction of that. bf16 costs
+2 bytes an element instead of 1 + 4/128; under a bf16 model, where HF's RMSNorm saves its input upcast to fp32
+(bf16 values), bf16 storage is exact and halves those bytes.
 
 The mechanism fits any model: forward pre/post hooks on each chosen module enter
 `torch.autograd.graph.saved_tensors_hooks` around its forward, so every tensor the module's ops save
@@ -58,10 +66,13 @@ from fp8mp.ops.blockwise import block_dequantize, block_quantize
 from fp8mp.optim.sharding import is_dtensor
 
 __all__ = ["enable_fp8_saved_activations", "disable_fp8_saved_activations", "has_fp8_saved_activations",
-           "is_fp8_saved_activation_module", "fp8_saved_bytes_per_element", "GROUP_SIZE", "SAVED_FORMAT"]
+           "is_fp8_saved_activation_module", "fp8_saved_bytes_per_element", "GROUP_SIZE", "SAVED_FORMAT",
+           "NORM_FORMATS"]
 
 GROUP_SIZE = 128  # elements per fp32 scale, along the last dimension
 SAVED_FORMAT = "e4m3"
+# What norms store (enable_fp8_saved_activations's norm_format): bf16 (the default) or SAVED_FORMAT.
+NORM_FORMATS = ("bf16", SAVED_FORMAT)
 # Stored in FP8 only from these dtypes (float8 tensors, e.g. an FP8 Linear's saved input, stay as they are).
 STORED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # A saved tensor with fewer than 1/STATISTICS_FRACTION of the call's largest input's elements is kept:
@@ -91,12 +102,20 @@ def is_fp8_saved_activation_module(module: torch.nn.Module) -> bool:
     if isinstance(module, NOT_ACTIVATIONS):
         return False
     for cls in type(module).__mro__:  # a subclass of a chosen module is chosen too
-        name = cls.__name__
-        if name.endswith(NORM_SUFFIXES) or name.endswith(GATED_SUFFIX) or name == "LayerNormLinear":
+        if _is_norm_class(cls) or cls.__name__.endswith(GATED_SUFFIX):
             return True
         if cls.__module__ in ("torch.nn.modules.activation", "transformers.activations"):
             return True
     return False
+
+
+def _is_norm_class(cls: type) -> bool:
+    return cls.__name__.endswith(NORM_SUFFIXES) or cls.__name__ == "LayerNormLinear"
+
+
+def is_norm_module(module: torch.nn.Module) -> bool:
+    """Whether `module` is one of the norms of `is_fp8_saved_activation_module` (their storage: norm_format)."""
+    return any(_is_norm_class(cls) for cls in type(module).__mro__)
 
 
 class Fp8SavedTensor:
@@ -153,11 +172,26 @@ def _owner(x: torch.Tensor) -> torch.Tensor:
     return x._base if x._base is not None else x
 
 
+class Bf16SavedTensor:
+    """What the pack hook stores for one fp32 tensor saved by a norm under norm_format="bf16": the tensor rounded
+    once to bf16 (or what the enclosing hooks made of it); backward reads it back as fp32."""
+
+    __slots__ = ("data", "outer_unpack")
+
+    def __init__(self, data, outer_unpack):
+        self.data, self.outer_unpack = data, outer_unpack
+
+    def tensor(self) -> torch.Tensor:
+        data = self.outer_unpack(self.data) if self.outer_unpack is not None else self.data
+        return data.float()
+
+
 class _Call:
     """One forward of a hooked module: its saved-tensor hooks, the enclosing pair, and what it stored."""
 
-    def __init__(self, min_numel: int, outer: tuple[Callable, Callable] | None):
+    def __init__(self, min_numel: int, outer: tuple[Callable, Callable] | None, storage: str):
         self.min_numel = min_numel
+        self.storage = storage  # SAVED_FORMAT, or "bf16" (a norm's)
         self.outer_pack, self.outer_unpack = outer if outer is not None else (None, None)
         # (address, shape, strides, dtype) -> (tensor, version, packed): the tensor is held so that its
         # memory is not reused for another tensor within the call.
@@ -170,7 +204,9 @@ class _Call:
             return False
         # An expanded view (a zero stride) would cost more in FP8 than the storage it reads.
         expanded = any(stride == 0 and size > 1 for size, stride in zip(x.shape, x.stride()))
-        return x.dtype in STORED_DTYPES and x.numel() >= max(self.min_numel, 1) and not expanded
+        # bf16 storage rounds fp32 tensors only (a bf16 or fp16 one costs no more kept as it is)
+        dtypes = STORED_DTYPES if self.storage == SAVED_FORMAT else (torch.float32,)
+        return x.dtype in dtypes and x.numel() >= max(self.min_numel, 1) and not expanded
 
     def pack(self, x: torch.Tensor) -> Any:
         if not self.stores_in_fp8(x):
@@ -184,15 +220,19 @@ class _Call:
         seen = self.stored.get(key)
         if seen is not None and seen[1] == x._version:
             return seen[2]
-        data, scale_inv = quantize_saved(local)
-        if self.outer_pack is not None:
-            data, scale_inv = self.outer_pack(data), self.outer_pack(scale_inv)
-        packed = Fp8SavedTensor(data, scale_inv, local.shape, x.dtype, self.outer_unpack, layout)
+        if self.storage == "bf16":
+            data = x.detach().to(torch.bfloat16)  # (a DTensor stays one: the cast is elementwise)
+            packed = Bf16SavedTensor(self.outer_pack(data) if self.outer_pack is not None else data, self.outer_unpack)
+        else:
+            data, scale_inv = quantize_saved(local)
+            if self.outer_pack is not None:
+                data, scale_inv = self.outer_pack(data), self.outer_pack(scale_inv)
+            packed = Fp8SavedTensor(data, scale_inv, local.shape, x.dtype, self.outer_unpack, layout)
         self.stored[key] = (x, x._version, packed)
         return packed
 
     def unpack(self, packed: Any) -> torch.Tensor:
-        if isinstance(packed, Fp8SavedTensor):
+        if isinstance(packed, (Fp8SavedTensor, Bf16SavedTensor)):
             return packed.tensor()
         kept = packed[1]
         return self.outer_unpack(kept) if self.outer_unpack is not None else kept
@@ -216,7 +256,8 @@ def _largest_floating_numel(args, kwargs) -> int:
 class SavedActivationHooks:
     """The forward pre-hook and forward hook of one module; `handles` removes both."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, storage: str = SAVED_FORMAT):
+        self.storage = storage  # SAVED_FORMAT, or "bf16" (see _Call)
         self.handles = (module.register_forward_pre_hook(self.before_forward, with_kwargs=True),
                         module.register_forward_hook(self.after_forward, always_call=True))
 
@@ -227,7 +268,7 @@ class SavedActivationHooks:
         if torch.is_grad_enabled():
             # torch has no public way to read the enclosing pair (torch.utils.checkpoint reads it the same way).
             outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
-            call = _Call(_largest_floating_numel(args, kwargs) // STATISTICS_FRACTION, outer)
+            call = _Call(_largest_floating_numel(args, kwargs) // STATISTICS_FRACTION, outer, self.storage)
             try:
                 call.hooks.__enter__()
             except RuntimeError:  # saved-tensor hooks are disabled here (torch.autograd.graph.disable_saved_tensors_hooks)
@@ -267,21 +308,27 @@ def _check_model(model, fn: str) -> None:
         raise TypeError(f"fp8mp.nn.saved_activations.{fn}: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
 
 
-def enable_fp8_saved_activations(model: torch.nn.Module, module_filter: ModuleFilter | None = None) -> torch.nn.Module:
-    """Make every norm and activation-function module of `model` (`model` itself included) store what it
-    saves for backward in FP8 (module docstring); returns `model`. Idempotent.
+def enable_fp8_saved_activations(model: torch.nn.Module, module_filter: ModuleFilter | None = None,
+                                 norm_format: str = "bf16") -> torch.nn.Module:
+    """Make every activation-function module of `model` (`model` itself included) store what it saves for
+    backward in FP8, and every norm in `norm_format` (module docstring); returns `model`. Idempotent: a module
+    already hooked keeps its storage.
 
     module_filter: ``f(fully_qualified_name, module) -> bool``; modules for which it returns False are left alone.
+    norm_format: what norms store, one of NORM_FORMATS: "bf16" (default) or "e4m3".
     """
     _check_model(model, "enable_fp8_saved_activations")
     if module_filter is not None and not callable(module_filter):
         raise TypeError("fp8mp.nn.saved_activations.enable_fp8_saved_activations: argument 'module_filter' must be callable as "
                         "module_filter(name, module) -> bool")
+    if norm_format not in NORM_FORMATS:
+        raise ValueError(f"fp8mp.nn.saved_activations.enable_fp8_saved_activations: argument 'norm_format' must be one of "
+                         f"{NORM_FORMATS}, got {norm_format!r}")
     for name, module in model.named_modules():
         if not is_fp8_saved_activation_module(module) or has_fp8_saved_activations(module):
             continue
         if module_filter is None or module_filter(name, module):
-            SavedActivationHooks(module)
+            SavedActivationHooks(module, norm_format if is_norm_module(module) else SAVED_FORMAT)
     return model
 
 

@@ -85,14 +85,14 @@ def test_each_layer_saves_fp8_gate_up_and_q_k_v_and_nothing_else():
         # attention: q, k and v (before the key-value heads are repeated) in FP8, no output or log-sum-exp
         assert after[f"{layer}.self_attn"] == (q_numel + 2 * kv_numel) * FP8_BYTES_PER_ELEMENT
         assert before[f"{layer}.self_attn"] > (q_numel * 2 + kv_numel * 2) * 4
-    # the Linear layers save what they saved (the norms now save FP8 too: enable_fp8_saved_activations); k_proj's and
+    # the Linear layers save what they saved (the norms now save bf16: enable_fp8_saved_activations); k_proj's and
     # up_proj's input is q_proj's and gate_proj's, counted there, and o_proj's was SDPA's output, counted in self_attn
     projections = [name for name in before if name.startswith("model.layers.1") and name.endswith("_proj")]
     assert len(projections) == 3 and all(after[name] == before[name] for name in projections)
 
 
 def test_memory_lean_training_parity_on_a_tiny_llama():
-    """bf16 parameters, FP8 Linears, FP8 AdamW states and FP8-saved norms and activations, with and without the
+    """bf16 parameters, FP8 Linears, FP8 AdamW states, FP8-saved activations and bf16-saved norms, with and without the
     FP8-saved MLP multiply and attention: the same batches give losses within half a percent at every step."""
     data = torch.utils.data.DataLoader(RandomWalks(12 * 8, seed=3), batch_size=8)
     curves = []

@@ -2,6 +2,7 @@
 formulas within E4M3's spacing, the bytes stored, and what is never quantized."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -114,13 +115,21 @@ NORMS = {
 }
 
 
+def bf16_error_bound(x64: torch.Tensor) -> torch.Tensor:
+    """Per element, the most that rounding x to bf16 (8 significant bits) can move it: half a spacing."""
+    return 2.0 ** -8 * x64.abs()
+
+
+@pytest.mark.parametrize("norm_format", ["e4m3", "bf16"])
 @pytest.mark.parametrize("name", sorted(NORMS))
-def test_norm_gradients_within_e4m3_spacing_of_fp64(name):
+def test_norm_gradients_within_the_stored_formats_spacing_of_fp64(name, norm_format):
     """With xhat' = xhat + d (|d| <= rstd |x' - x|, or xhat's own spacing where xhat itself is stored):
-    |dx' - dx| <= rstd (|d_i| mean(|a| (|xhat| + |d|)) + |xhat_i| mean(|a| |d|)), |dw' - dw| <= sum |dy| |d|."""
+    |dx' - dx| <= rstd (|d_i| mean(|a| (|xhat| + |d|)) + |xhat_i| mean(|a| |d|)), |dw' - dw| <= sum |dy| |d|;
+    |x' - x| E4M3's half spacing in its group, or bf16's."""
     make, centered = NORMS[name]
     hidden = 384
-    module = enable_fp8_saved_activations(make(hidden))
+    module = enable_fp8_saved_activations(make(hidden), norm_format=norm_format)
+    error_bound = fp8_error_bound if norm_format == "e4m3" else bf16_error_bound
     torch.manual_seed(2)
     with torch.no_grad():
         module.weight.copy_(torch.randn(hidden) + 1)
@@ -132,7 +141,7 @@ def test_norm_gradients_within_e4m3_spacing_of_fp64(name):
     out = module(leaf * 1)
     dx, dw = torch.autograd.grad(out, [leaf, module.weight], dy.float())
     ref_dx, ref_dw, xhat, rstd, a = layer_norm_reference(x.double(), dy, module.weight.detach().double(), 1e-5, centered)
-    d = torch.maximum(rstd * fp8_error_bound(x.double()), fp8_error_bound(xhat))
+    d = torch.maximum(rstd * error_bound(x.double()), error_bound(xhat))
     dx_bound = rstd * (d * (a.abs() * (xhat.abs() + d)).mean(-1, keepdim=True) + xhat.abs() * (a.abs() * d).mean(-1, keepdim=True))
     noise = 2.0 ** -16 * rstd * (a.abs() + a.abs().mean(-1, keepdim=True) + xhat.abs() * (a * xhat).abs().mean(-1, keepdim=True))
     assert ((dx.double() - ref_dx).abs() <= dx_bound + noise).all(), f"worst excess {((dx.double() - ref_dx).abs() - dx_bound - noise).max():.3g}"
@@ -140,8 +149,27 @@ def test_norm_gradients_within_e4m3_spacing_of_fp64(name):
     assert ((dw.double() - ref_dw).abs() <= dw_bound).all()
     disable_fp8_saved_activations(module)
     exact_dx = torch.autograd.grad(module(leaf * 1), leaf, dy.float())[0]
-    assert not torch.equal(dx, exact_dx), "the gradient should come from FP8-stored values"
+    assert not torch.equal(dx, exact_dx), "the gradient should come from the stored values"
     assert ((exact_dx.double() - ref_dx).abs() <= noise).all()  # the bound's noise term covers the fp32 norm itself
+
+
+@pytest.mark.parametrize("name", ["transformers LlamaRMSNorm", "fp8mp.nn.LayerNorm", "fp8mp.nn.RMSNorm"])
+def test_bf16_norms_of_a_bf16_model_store_exactly(name):
+    """These bf16 norms save bf16 values only (HF's RMSNorm upcasts its bf16 input to fp32 and saves that; torch's
+    RMSNorm, not here, also saves its normalized input in fp32, which bf16 storage rounds): stored in bf16 they come
+    back exact, so every gradient is the plain module's, bit for bit, in half the bytes of an fp32 copy."""
+    make, _ = NORMS[name]
+    plain = make(256).to(torch.bfloat16)
+    with torch.no_grad():
+        plain.weight.copy_(torch.randn(256) + 1)
+    hooked = enable_fp8_saved_activations(copy.deepcopy(plain))
+    x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 256, dtype=torch.bfloat16)
+    grads = [torch.autograd.grad(m(x * 1), [x, m.weight], dy) for m in (plain, hooked)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    fp32_copies = [numel for numel, size in saved_storages(plain, x * 1) if size == 4 and numel == x.numel()]
+    assert bytes_of(plain, x * 1) - bytes_of(hooked, x * 1) == 2 * x.numel() * len(fp32_copies)
+    assert len(fp32_copies) == (name == "transformers LlamaRMSNorm")
 
 
 # ---------------------------------------------------------------- bytes
@@ -151,9 +179,9 @@ def bytes_of(module, x) -> int:
     return saved_tensor_bytes(lambda: module(x))["total"]
 
 
-MODULES = {**{name: (lambda make=make: make(256)) for name, (make, _) in NORMS.items()},
-           "GELU": torch.nn.GELU, "SiLU": torch.nn.SiLU, "ReLU": torch.nn.ReLU, "Tanh": torch.nn.Tanh,
-           "transformers GELUActivation": GELUActivation}
+ACTIVATION_MODULES = {"GELU": torch.nn.GELU, "SiLU": torch.nn.SiLU, "ReLU": torch.nn.ReLU, "Tanh": torch.nn.Tanh,
+                      "transformers GELUActivation": GELUActivation}
+MODULES = {**{name: (lambda make=make: make(256)) for name, (make, _) in NORMS.items()}, **ACTIVATION_MODULES}
 
 
 def saved_storages(module, x) -> list[tuple[int, int]]:
@@ -183,8 +211,12 @@ def test_saved_bytes_drop_by_the_formula(name, dtype):
     full = [numel for numel, _ in saved if numel >= x.numel() // 8]
     assert full and all(numel == x.numel() for numel in full)
     statistics = sum(numel * size for numel, size in saved if numel < x.numel() // 8)
-    enable_fp8_saved_activations(module)
+    enable_fp8_saved_activations(module, norm_format="e4m3")
     assert bytes_of(module, x) == len(full) * x.numel() * (1 + 4 / 128) + statistics
+    disable_fp8_saved_activations(module)
+    enable_fp8_saved_activations(module)  # norms in bf16 (an fp32 tensor rounded, a bf16 one kept), the rest in E4M3
+    full_bytes = x.numel() * (1 + 4 / 128) if name in ACTIVATION_MODULES else x.numel() * 2
+    assert bytes_of(module, x) == len(full) * full_bytes + statistics
     assert fp8_saved_bytes_per_element(256) == 1 + 4 / 128
     disable_fp8_saved_activations(module)
     assert bytes_of(module, x) == plain
@@ -216,7 +248,7 @@ class WeightedLayerNorm(torch.nn.Module):
 
 
 def test_parameters_and_leaves_requiring_grad_are_never_quantized():
-    module = enable_fp8_saved_activations(WeightedLayerNorm(32, 128))
+    module = enable_fp8_saved_activations(WeightedLayerNorm(32, 128), norm_format="e4m3")
     leaf_x = torch.randn(32, 128, requires_grad=True)
     other = torch.randn(32, 128, requires_grad=True)  # a leaf that requires grad, passed as it is
     x = leaf_x * 1

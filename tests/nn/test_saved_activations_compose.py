@@ -53,7 +53,7 @@ def test_checkpoint_recomputes_the_fp8_copies_and_keeps_none(norm, monkeypatch):
     model = block(norm)
     x = torch.randn(32, 128)
     checkpoint_inputs = saved_tensor_bytes(lambda: checkpointed(model, x))["total"]  # what the checkpoint keeps
-    enable_fp8_saved_activations(model)
+    enable_fp8_saved_activations(model, norm_format="e4m3")
     expected = grads(model, x)
     assert saved_tensor_bytes(lambda: checkpointed(model, x))["total"] == checkpoint_inputs
     made = []
@@ -101,7 +101,8 @@ def categories(module) -> str:
 @pytest.mark.parametrize("fp8", [False, True])
 def test_demo_gpt_under_autocast_stores_norm_and_activation_inputs_by_the_formula(fp8):
     """Under bf16 autocast the residual stream (fp32, LayerNorm runs in fp32) and the GELU input (bf16) are what
-    norms and activations save: with FP8 storage each costs 1 + 4/128 bytes an element, the statistics unchanged."""
+    norms and activations save: stored, the norms' cost 2 bytes an element (bf16) and the GELU's 1 + 4/128 (E4M3),
+    the statistics unchanged."""
     idx = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
     tokens = idx.numel()
 
@@ -114,7 +115,7 @@ def test_demo_gpt_under_autocast_stores_norm_and_activation_inputs_by_the_formul
     stored = saved_tensor_bytes(lambda: run(fp8_model), fp8_model, categories)
     norms, statistics = 2 * 2 + 1, 2 * tokens * 4  # per norm: mean and rstd, fp32
     assert plain["norm"] == norms * (tokens * 128 * 4 + statistics)
-    assert stored["norm"] == norms * (tokens * 128 * FP8_BYTES + statistics)
+    assert stored["norm"] == norms * (tokens * 128 * 2 + statistics)
     assert plain["activation"] == 2 * tokens * 512 * 2
     assert stored["activation"] == 2 * tokens * 512 * FP8_BYTES
     assert stored["other"] == plain["other"]
@@ -278,6 +279,8 @@ def test_bad_arguments_name_the_argument():
         enable_fp8_saved_activations("model")
     with pytest.raises(TypeError, match="'module_filter'"):
         enable_fp8_saved_activations(torch.nn.GELU(), module_filter=3)
+    with pytest.raises(ValueError, match="'norm_format'.*'fp16'"):
+        enable_fp8_saved_activations(torch.nn.LayerNorm(8), norm_format="fp16")
     with pytest.raises(TypeError, match="'model'"):
         disable_fp8_saved_activations(None)
     with pytest.raises(TypeError, match="'fn'"):
@@ -309,10 +312,12 @@ def test_saved_tensor_bytes_counts_each_storage_once_and_no_parameters():
     assert not linear._forward_pre_hooks and not linear._forward_hooks, "the counter's module hooks are removed"
 
 
+@pytest.mark.parametrize("norm_format, stored_bytes, weight_error_bound", [("e4m3", FP8_BYTES, 2.0 ** -4),
+                                                                           ("bf16", 2, 2.0 ** -8)])
 @pytest.mark.parametrize("recipe", [fp8mp.recipe.DelayedScaling(), fp8mp.recipe.BlockScaling()], ids=["delayed", "block"])
-def test_layernorm_linear_fused_paths_store_the_norm_input(recipe):
+def test_layernorm_linear_fused_paths_store_the_norm_input(recipe, norm_format, stored_bytes, weight_error_bound):
     """fp8mp.nn.LayerNormLinear's fused paths (the norm writes FP8 for the Linear) keep the norm's input for
-    backward: stored in FP8, only the norm's weight gradient reads it; the FP8 Linear's saved tensors stay."""
+    backward: stored in E4M3 or bf16, only the norm's weight gradient reads it; the FP8 Linear's saved tensors stay."""
     torch.manual_seed(0)
     plain = fp8mp.nn.LayerNormLinear(256, 256)
     x = torch.randn(64, 256)
@@ -323,16 +328,16 @@ def test_layernorm_linear_fused_paths_store_the_norm_input(recipe):
 
     for _ in range(2):  # delayed scaling runs fused from its second step
         step(plain).square().sum().backward()
-    hooked = enable_fp8_saved_activations(copy.deepcopy(plain))
+    hooked = enable_fp8_saved_activations(copy.deepcopy(plain), norm_format=norm_format)
     assert (saved_tensor_bytes(lambda: step(copy.deepcopy(plain)))["total"]
-            - saved_tensor_bytes(lambda: step(copy.deepcopy(hooked)))["total"]) == x.numel() * (4 - FP8_BYTES)
+            - saved_tensor_bytes(lambda: step(copy.deepcopy(hooked)))["total"]) == x.numel() * (4 - stored_bytes)
     for module in (plain, hooked):
         module.zero_grad()
         step(module).square().sum().backward()
     assert torch.equal(plain.linear.weight.grad, hooked.linear.weight.grad)
     assert torch.equal(plain.norm.bias.grad, hooked.norm.bias.grad)
     weight_error = (plain.norm.weight.grad - hooked.norm.weight.grad).norm() / plain.norm.weight.grad.norm()
-    assert 0 < weight_error < 2.0 ** -4
+    assert 0 < weight_error < weight_error_bound
 
 
 def test_where_saved_tensor_hooks_are_disabled_nothing_is_stored_in_fp8():

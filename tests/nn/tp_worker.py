@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import fp8mp
+from fp8mp.nn.saved_activations import enable_fp8_saved_activations
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations"))
 from framework_helpers import Fp8OpCount  # noqa: E402  (the count of fp8mp ops the framework tests use)
@@ -76,7 +77,8 @@ def make_model(layout: str | None):
     """The fp8mp model (fp32, FP8 saved activations), parallelized for `layout` (None: one process), and the
     data-parallel (rank, size) of this process."""
     torch.manual_seed(0)
-    model = fp8mp.convert(Model(), fp8_saved_activations=True)
+    # The norm's saved input in E4M3 (norm_format: bf16 by default), a DTensor under SequenceParallel
+    model = enable_fp8_saved_activations(fp8mp.convert(Model()), norm_format="e4m3")
     if layout is None:
         return model, (0, 1)
     from torch.distributed.device_mesh import init_device_mesh
