@@ -13,9 +13,15 @@ quantized both ways by one block_quantize_transpose, from the same reads.
 Activations and gradients use 1 x block_k tiles, weights weight_block_rows x block_k blocks
 (block_k = the whole K of the GEMM for rowwise). A square weight block (BlockScaling's 128 x 128)
 covers W and W.T alike, so dgrad reuses fprop's quantized weight, transposed (bytes and scales),
-as DeepSeek-V3 does; for the other recipes W.T is quantized with W (block_quantize_transpose). Forward saves x.T and W.T already
-quantized (FP8, not the high-precision tensors). Scales come from each block's own values
-(current-style), so no Fp8Meta scale or amax is read or written.
+as DeepSeek-V3 does; for the other recipes W.T is quantized with W (block_quantize_transpose). Forward saves x.T
+already quantized (FP8, not the high-precision input) and the weight itself, which backward quantizes again (as
+the per-tensor FP8 linear casts it again): the scales come from each block's own values (current-style, no
+Fp8Meta scale or amax is read or written), so backward gets forward's very bits, and no FP8 copy of every weight
+lives from forward to backward (one byte a parameter of saved activations).
+
+Under fp8mp.step_in_backward the weight gradient is made a block of output rows at a time (dy.T's 1 x block_k
+tiles are rows, so a block of them is dy.T's rows, as quantized) and handed to the optimizer as it comes
+(fp8mp/optim/row_block_grads.py), after the input gradient, which reads the weight.
 
 A weight stored in FP8 (fp8mp/nn/fp8_weight.py) is stored as `quantize_weight` makes it, so the
 forward reads it as it is and never quantizes a weight.
@@ -26,6 +32,7 @@ import torch
 
 from fp8mp.nn.output_dtype import output_dtype
 from fp8mp.ops.blockwise import block_quantize, block_quantize_transpose, block_scaled_gemm
+from fp8mp.optim.row_block_grads import referenced, sink_of, weight_ref_for_row_blocks
 from fp8mp.scaling.recipe import BlockRecipe
 
 
@@ -96,16 +103,21 @@ class BlockLinearFunction(torch.autograd.Function):
         out_dtype: the output's dtype (output_dtype.py; None: x2d's); the input gradient has x2d's.
         """
         out_dtype = x2d.dtype if out_dtype is None else out_dtype
-        forward_format, backward_format = formats
+        forward_format = formats[0]
         x_q, x_t_q = _quantize_both(x2d, recipe, forward_format) if fp8_input is None else fp8_input
         w_q, w_t_q = quantize_weight(weight, recipe, forward_format) if stored_weight is None else stored_weight
         out_bias = bias.to(out_dtype) if bias is not None else None
         out = _gemm(x_q, w_q, out_dtype, out_bias)
         ctx.transpose_weight = w_t_q is None  # square blocks: backward transposes fprop's weight (bytes and scales)
         w_saved = w_q if w_t_q is None else w_t_q
-        ctx.save_for_backward(x_t_q[0], x_t_q[1], w_saved[0], w_saved[1])
+        ctx.requantize_weight = stored_weight is None  # (a stored weight's operands are saved: no new bytes)
+        if ctx.requantize_weight:
+            ctx.save_for_backward(x_t_q[0], x_t_q[1], weight)
+        else:
+            ctx.save_for_backward(x_t_q[0], x_t_q[1], w_saved[0], w_saved[1])
         ctx.blocks = (x_t_q[2:], w_saved[2:])
-        ctx.recipe, ctx.backward_format = recipe, backward_format
+        ctx.weight_ref = weight_ref_for_row_blocks(weight) if ctx.requantize_weight else None
+        ctx.recipe, ctx.formats = recipe, formats
         ctx.x_dtype = x2d.dtype
         ctx.w_dtype = weight.dtype if weight is not None else None
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -113,13 +125,11 @@ class BlockLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_t_data, x_t_scale, w_data, w_scale = ctx.saved_tensors
-        x_t_q, w_t_q = (x_t_data, x_t_scale, *ctx.blocks[0]), (w_data, w_scale, *ctx.blocks[1])
-        if ctx.transpose_weight:
-            w_t_q = _transposed(w_t_q)
+        x_t_data, x_t_scale, *w_saved = ctx.saved_tensors
+        x_t_q = (x_t_data, x_t_scale, *ctx.blocks[0])
         grad_out = grad_out.contiguous()
         grad_x = grad_w = grad_b = None
-        recipe, fmt = ctx.recipe, ctx.backward_format
+        recipe, (forward_format, fmt) = ctx.recipe, ctx.formats
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if need_dgrad and need_wgrad:  # dy along N and dy.T along M from the same reads
             g_q, g_t_q = _quantize_both(grad_out, recipe, fmt)
@@ -127,8 +137,20 @@ class BlockLinearFunction(torch.autograd.Function):
             g_q = _quantize(grad_out, 1, recipe, fmt) if need_dgrad else None
             g_t_q = _quantize(grad_out.t(), 1, recipe, fmt) if need_wgrad else None
         if need_dgrad:
+            if ctx.requantize_weight:  # forward's quantization again: same weight, same blocks, same bits
+                w_q, w_t_q = quantize_weight(w_saved[0], recipe, forward_format)
+                w_t_q = _transposed(w_q) if w_t_q is None else w_t_q
+            else:
+                w_t_q = (*w_saved, *ctx.blocks[1])
+                w_t_q = _transposed(w_t_q) if ctx.transpose_weight else w_t_q
             grad_x = _gemm(g_q, w_t_q, ctx.x_dtype)
-        if need_wgrad:
+        if need_wgrad and (sink := sink_of(param := referenced(ctx.weight_ref))) is not None:
+            g_t_data, g_t_scale, *g_t_blocks = g_t_q
+            block = sink.block_rows(param)  # dW's rows [start, start + block) = dy.T's rows @ x, one block at a time
+            for start in range(0, g_t_data.shape[0], block):
+                rows = (g_t_data[start:start + block], g_t_scale[start:start + block], *g_t_blocks)
+                sink.take_rows(param, start, _gemm(rows, x_t_q, ctx.w_dtype))
+        elif need_wgrad:
             grad_w = _gemm(g_t_q, x_t_q, ctx.w_dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum(0, dtype=torch.float32).to(ctx.bias_dtype)

@@ -62,7 +62,8 @@ def referenced(weight_ref: weakref.ref | None) -> torch.Tensor | None:
 
 def sink_of(weight: torch.Tensor | None) -> RowBlockSink | None:
     """The sink registered for this very tensor (None when none is, or while torch.compile traces)."""
-    if weight is None or torch.compiler.is_compiling():
+    # An empty registry (no stepper's backward running: every other backward) is read without the lock.
+    if weight is None or not _sinks or torch.compiler.is_compiling():
         return None
     with _lock:
         entry = _sinks.get(id(weight))

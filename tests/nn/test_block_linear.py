@@ -17,6 +17,7 @@ import torch
 import fp8mp
 import torchao_reference
 from blockwise_reference import block_gemm_reference, deepseek_quantize
+from fp8mp.nn.block_linear_function import _gemm, _quantize_both, _transposed, quantize_weight
 from fp8mp.scaling.recipe import BlockScaling, Format, MXFP8Scaling, RowwiseScaling
 
 RECIPES = [RowwiseScaling(), RowwiseScaling(power_of_2_scales=False), BlockScaling(), BlockScaling(power_of_2_scales=True),
@@ -116,6 +117,27 @@ def test_conv1d_and_layernorm_linear_and_bf16_run_under_block_recipes(recipe):
         out = layer(xb)
     out.float().sum().backward()
     assert out.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("recipe", RECIPES[::2], ids=IDS[::2])
+def test_forward_saves_the_input_in_fp8_and_the_weight_itself_and_backward_requantizes_it_bit_exactly(recipe):
+    """No FP8 copy of the weight lives from forward to backward: what is saved is x.T's FP8 codes, their scales and
+    the weight parameter; backward's dgrad quantizes the weight again, so it equals a GEMM on forward's operands."""
+    _, layer = pair(256, 384, seed=4)
+    x = torch.randn(64, 256, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with fp8mp.fp8_autocast(fp8_recipe=recipe):
+            out = layer(x)
+    fp8 = [t for t in saved if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)]
+    assert [tuple(t.shape) for t in fp8] == [(256, 64)]  # x.T alone
+    assert any(t is layer.weight or t.data_ptr() == layer.weight.data_ptr() for t in saved)
+    assert sum(t.numel() for t in saved if t.dtype == torch.float32 and t.data_ptr() != layer.weight.data_ptr()) < 256 * 64
+    dy = torch.randn(64, 384)
+    (dx,) = torch.autograd.grad(out, x, dy)
+    g_q, _ = _quantize_both(dy, recipe, recipe.fp8_format.backward_format)
+    w_q, w_t_q = quantize_weight(layer.weight.detach(), recipe, recipe.fp8_format.forward_format)
+    assert torch.equal(dx, _gemm(g_q, _transposed(w_q) if w_t_q is None else w_t_q, torch.float32))
 
 
 def test_per_tensor_fp8_weight_storage_refuses_block_recipes_clearly():

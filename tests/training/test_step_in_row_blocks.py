@@ -37,19 +37,21 @@ class TinyLM(torch.nn.Module):
         self.fc2 = torch.nn.Linear(HIDDEN, WIDTH)
         self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
         self.poison = False
+        self.recipe = None  # fp8_autocast's (None: its default)
 
     def forward(self, ids):
         e = self.emb(ids)
         if self.poison:
             e.register_hook(lambda g: g.index_fill(1, torch.tensor([3]), float("inf")).index_fill(0, torch.tensor([1]), 0))
-        with fp8mp.fp8_autocast():
+        with fp8mp.fp8_autocast(fp8_recipe=self.recipe):
             h = self.fc2(F.gelu(self.fc1(e))) + e
         return fp8mp.nn.chunked_linear_cross_entropy(h, self.head.weight, ids.roll(-1, 1), chunk_tokens=24)
 
 
-def make(skip_nonfinite=True, embedding="sparse", optimizer_class=fp8mp.optim.AdamW):
+def make(skip_nonfinite=True, embedding="sparse", optimizer_class=fp8mp.optim.AdamW, recipe=None):
     torch.manual_seed(0)
     model = fp8mp.convert(TinyLM(embedding), module_filter=lambda name, m: name != "head").to(torch.bfloat16)
+    model.recipe = recipe
     return model, optimizer_class(model.parameters(), lr=1e-2, seed=3, skip_nonfinite=skip_nonfinite)
 
 
@@ -134,13 +136,18 @@ def train_in_backward(model, optimizer, steps, stepper=None, scaler=None):
     return history
 
 
-@pytest.mark.parametrize("with_scaler, embedding, optimizer_class", [
-    (False, "sparse", fp8mp.optim.AdamW), (True, "sparse", fp8mp.optim.AdamW), (False, "rows", fp8mp.optim.AdamW),
-    (False, "rows", fp8mp.optim.Lion)])
+@pytest.mark.parametrize("with_scaler, embedding, optimizer_class, recipe", [
+    (False, "sparse", fp8mp.optim.AdamW, None), (True, "sparse", fp8mp.optim.AdamW, None),
+    (False, "rows", fp8mp.optim.AdamW, None), (False, "rows", fp8mp.optim.Lion, None),
+    # the fine-grained recipes' FP8 Linears (block_linear_function.py): dy.T's rows, as quantized, a block at a time
+    (False, "rows", fp8mp.optim.AdamW, fp8mp.recipe.RowwiseScaling()),
+    (True, "rows", fp8mp.optim.AdamW, fp8mp.recipe.MXFP8Scaling()),
+    (False, "sparse", fp8mp.optim.Lion, fp8mp.recipe.BlockScaling())], ids=str)
 def test_row_blocks_step_the_bits_of_a_step_of_the_whole_gradient_and_an_inf_in_one_block_moves_nothing(
-        with_scaler, embedding, optimizer_class):
+        with_scaler, embedding, optimizer_class, recipe):
     steps = list(enumerate(batches()))
-    model_a, opt_a = make(skip_nonfinite=not with_scaler, embedding=embedding, optimizer_class=optimizer_class)
+    model_a, opt_a = make(skip_nonfinite=not with_scaler, embedding=embedding, optimizer_class=optimizer_class,
+                          recipe=recipe)
     model_b = copy.deepcopy(model_a)
     opt_b = optimizer_class(model_b.parameters(), lr=1e-2, seed=3, skip_nonfinite=not with_scaler)
     scaler_a, scaler_b = ((fp8mp.LossScaler(init_scale=2.0**10) if with_scaler else None) for _ in range(2))
