@@ -13,8 +13,8 @@
 # the JSON is rewritten). The step limits below sum to at most 520 s, which the dry run checks.
 #
 # The dry run installs and builds nothing (it uses the fp8mp that imports here: `make build`), prints the
-# plan, collects each CUDA test file exactly as the GPU run runs it but with every module the GPU machine is
-# not sure to hold made unimportable (benchmarks/gpu_image_imports.py: torchao, transformers, ...), fails on
+# plan, collects the CUDA test files exactly as the GPU run runs them (all in one pytest process) but with every
+# module the GPU machine is not sure to hold made unimportable (benchmarks/gpu_image_imports.py: torchao, transformers, ...), fails on
 # a collection error, on a file collecting fewer tests than it holds, on a CUDA test file missing from the
 # plan and on a file whose limit is short of its tests; then runs every benchmark step's command on the CPU
 # at tiny sizes, so that a flag or a JSON write that would fail on the GPU fails here first.
@@ -164,10 +164,11 @@ else:
 EOF
 }
 
-test_command() {  # the pytest command of one CUDA test file, the same in both runs
-  local pytest=("$PY" $SAFE_PATH -m pytest -p no:cacheprovider -m cuda "$1")
+test_command() {  # the pytest command of CUDA test files (the GPU run: one file a step), the same in both runs
+  local pytest=("$PY" $SAFE_PATH -m pytest -p no:cacheprovider -m cuda "$@")
   if (( DRY_RUN )); then
-    PYTHONPATH=$PYTHONPATH:$PWD/benchmarks "${pytest[@]}" -p gpu_image_imports -qq --collect-only
+    PYTHONPATH=$PYTHONPATH:$PWD/benchmarks "${pytest[@]}" -p gpu_image_imports -qq --collect-only \
+      --continue-on-collection-errors
   else
     FP8MP_TEST_TIMEOUT=$TEST_ALARM_S "${pytest[@]}" -v -rfEs --durations=5
   fi
@@ -227,6 +228,10 @@ run_step() {
   if (( limit <= 0 )); then
     echo "SKIPPED: no time left before ${HARD_END_S}s" | tee "$STEP_OUTPUT"
     rc=124
+  elif [[ $name == test:* ]] && (( DRY_RUN )); then  # its line of the one collection of every planned file
+    grep -E "^${name#test:}: [0-9]+$" "$COLLECTED" | tee "$STEP_OUTPUT"
+    rc=${PIPESTATUS[0]}
+    (( rc == 0 )) || grep -F "${name#test:}" "$COLLECTED" | head -20 | tee "$STEP_OUTPUT"
   elif [[ $name == test:* ]]; then
     if [[ -n $TESTS_UNRUNNABLE ]]; then
       echo "SKIPPED: $TESTS_UNRUNNABLE" | tee "$STEP_OUTPUT"
@@ -314,6 +319,7 @@ check_test_plan() {
 }
 
 declare -A EXPECTED_COUNT=()
+COLLECTED=""  # the dry run's one collection of the planned files
 TESTS_UNRUNNABLE=""
 if (( DRY_RUN )); then
   echo
@@ -322,6 +328,12 @@ if (( DRY_RUN )); then
     echo "TEST PLAN FAILED"
     exit 1
   fi
+  # Every planned file collected as the GPU run collects it (the GPU machine's imports), in one pytest process:
+  # each test step below shows its file's line of it (a process a file would cost a torch start-up each).
+  COLLECTED=$(mktemp)
+  mapfile -t planned_files < <(printf '%s\n' "${PLAN[@]}" | sed -n 's/^test:\([^ ]*\) .*/\1/p')
+  test_command "${planned_files[@]}" > "$COLLECTED" 2>&1
+  echo "collected under the GPU machine's imports: rc=$? ($(grep -cE '^tests/.*: [0-9]+$' "$COLLECTED") files)"
 fi
 
 for entry in "${PLAN[@]}"; do
@@ -347,7 +359,7 @@ for entry in "${PLAN[@]}"; do
     fi
   fi
 done
-rm -f "$STEP_OUTPUT"
+rm -f "$STEP_OUTPUT" ${COLLECTED:+"$COLLECTED"}
 
 echo
 if (( ${#FAILED[@]} )); then
