@@ -17,8 +17,9 @@ the total (training state + saved for backward) against BF16 AMP's in the same t
 
 Runs (RUNS): FP32; BF16 AMP (fp32 parameters, torch.autocast(bfloat16), torch.optim.AdamW); fp8mp compute-only
 (the same with fp8mp's Linear layers under fp8mp.fp8_autocast); fp8mp memory-lean (model.to(torch.bfloat16): bf16
-nn.Parameters, fp8mp's Linear layers under fp8_autocast, fp8mp.optim.AdamW with FP8 states and stochastically
-rounded bf16 parameters, the norms and activation functions saving for backward in FP8); the same with the LM head
+nn.Parameters, fp8mp's Linear layers under fp8_autocast(fp8_recipe=RowwiseScaling()), fp8mp.optim.AdamW with FP8
+states and stochastically rounded bf16 parameters, the activation functions saving for backward in FP8 and the
+norms in bf16: fp8mp.convert(model, fp8_saved_activations=True)); the same with the LM head
 and loss chunked (fp8mp.integrations.hf.use_chunked_loss: the Llama only), and with the optimizer step in backward
 too (fp8mp.step_in_backward: the LM head's, the FP8 Linear weights' and an untied embedding's gradients, the last
 through fp8mp.nn.embedding_grad_in_row_blocks, stepped a block of rows of at most 1 MiB at a time); torchao's peers: Float8 training (convert_to_float8_training, emulated on the CPU) with
@@ -79,6 +80,7 @@ class Run:
     # The MLP's gated multiply and attention save FP8 (fp8mp.integrations.hf.use_fp8_saved_activations; the demo GPT:
     # GPTConfig(fp8_saved_attention=True))
     fp8_saved_functional: bool = False
+    rowwise: bool = False  # fp8_autocast(fp8_recipe=RowwiseScaling()), the memory-lean recipe's (else its default)
 
 
 EVERY_LEVER = "fp8mp memory-lean + FP8-saved MLP and attention + step in backward + chunked loss"
@@ -87,14 +89,15 @@ RUNS = [
     Run("BF16 AMP", autocast=True),
     Run("fp8mp compute-only", autocast=True, fp8="fp8mp"),
     Run("fp8mp memory-lean", param_dtype=torch.bfloat16, fp8="fp8mp", optimizer="fp8mp AdamW FP8",
-        fp8_saved_activations=True),
+        fp8_saved_activations=True, rowwise=True),
     Run("fp8mp memory-lean + chunked loss", param_dtype=torch.bfloat16, fp8="fp8mp", optimizer="fp8mp AdamW FP8",
-        fp8_saved_activations=True, chunked_loss=True),
+        fp8_saved_activations=True, chunked_loss=True, rowwise=True),
     Run("fp8mp memory-lean + step in backward + chunked loss", param_dtype=torch.bfloat16, fp8="fp8mp",
-        optimizer="fp8mp AdamW FP8", fp8_saved_activations=True, step_in_backward=True, chunked_loss=True),
+        optimizer="fp8mp AdamW FP8", fp8_saved_activations=True, step_in_backward=True, chunked_loss=True,
+        rowwise=True),
     Run(EVERY_LEVER, param_dtype=torch.bfloat16,
         fp8="fp8mp", optimizer="fp8mp AdamW FP8", fp8_saved_activations=True, step_in_backward=True,
-        chunked_loss=True, fp8_saved_functional=True),
+        chunked_loss=True, fp8_saved_functional=True, rowwise=True),
     Run("torchao Float8 + AdamWFp8", param_dtype=torch.bfloat16, fp8="torchao", optimizer="torchao AdamWFp8"),
     Run("torchao AdamW8bit", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao AdamW8bit"),
     Run("torchao bf16 SR AdamW", param_dtype=torch.bfloat16, autocast=True, optimizer="torchao bf16 SR AdamW"),
@@ -263,7 +266,7 @@ def forward_context(run: Run, device: str):
     if run.fp8 == "fp8mp":
         import fp8mp
 
-        stack.enter_context(fp8mp.fp8_autocast())
+        stack.enter_context(fp8mp.fp8_autocast(fp8_recipe=fp8mp.recipe.RowwiseScaling() if run.rowwise else None))
     return stack
 
 

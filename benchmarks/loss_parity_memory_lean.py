@@ -5,8 +5,9 @@ Runs, per model and seed (the same initial weights, batches and learning-rate sc
 run, since the optimizer step in backward refuses a global clipping norm):
 
   BF16         fp32 parameters, torch.autocast(bfloat16), torch.optim.AdamW
-  memory-lean  bf16 nn.Parameters, fp8mp's Linear layers under fp8_autocast, fp8mp.optim.AdamW with E4M3 states,
-               norms and activation functions saving FP8 (fp8mp.convert(model, fp8_saved_activations=True))
+  memory-lean  bf16 nn.Parameters, fp8mp's Linear layers under fp8_autocast(fp8_recipe=RowwiseScaling()),
+               fp8mp.optim.AdamW with E4M3 states, activation functions saving FP8 and norms bf16
+               (fp8mp.convert(model, fp8_saved_activations=True))
   every lever  memory-lean, and: the MLP's gated multiply and attention saving q, k, v in FP8
                (fp8mp.integrations.hf.use_fp8_saved_activations; the GPT: GPTConfig(fp8_saved_attention=True)), the
                LM head and loss chunked (use_chunked_loss; GPTConfig(chunked_loss=True)), and the optimizer step in
@@ -17,9 +18,10 @@ and a Llama from a transformers config (2 layers, hidden 128, 4 heads of 32 with
 384, vocabulary 256, untied head), both on train_gpt.py's byte corpus, batch 8 x 64, AdamW lr 1e-3 (warmup,
 cosine), weight decay 0.1. The final loss is the validation loss over fixed batches at the last step, in each run's
 own precision. Goal: every lever's mean over the seeds within 0.5% of BF16's; per seed, every lever against
-memory-lean. `--ablations` adds the memory-lean recipe taken apart (ABLATIONS: FP8 Linears alone, with fp32
-parameters and torch's AdamW; then with bf16 parameters and fp8mp's E4M3-state AdamW too; memory-lean itself adds
-the FP8-saved norms and activations), each run's mean against BF16's.
+memory-lean. `--ablations` adds the memory-lean recipe taken apart and varied (ABLATIONS: FP8 Linears alone, with
+fp32 parameters and torch's AdamW; then with bf16 parameters and fp8mp's E4M3-state AdamW too, where memory-lean
+adds the FP8-saved activation functions and bf16-saved norms; memory-lean with per-tensor DelayedScaling instead of
+RowwiseScaling; memory-lean with the norms saving E4M3 too), each run's mean against BF16's.
 
     python benchmarks/loss_parity_memory_lean.py [--steps 150] [--seeds 5] [--models gpt,llama] [--threads 1]
                                                  [--ablations] [--json PATH]
@@ -56,13 +58,20 @@ class Run:
     # The memory-lean recipe taken apart (--ablations): which of its parts (lean=False) a run has
     fp8_linears: bool = False  # fp8mp's Linear layers under fp8_autocast (else torch.autocast(bfloat16))
     lean_optimizer: bool = False  # bf16 parameters and fp8mp.optim.AdamW's E4M3 states (else fp32 and torch's)
+    recipe: str = "rowwise"  # the FP8 Linears' recipe, a key of RECIPES
+    norm_format: str = "bf16"  # what the norms save (fp8mp.nn.saved_activations's norm_format)
 
 
+# The memory-lean recipe's FP8 scaling is rowwise: per-tensor scaling costs it about half a point of final loss
+# on the tiny Llama (ABLATIONS).
+RECIPES = {"rowwise": fp8mp.recipe.RowwiseScaling(), "delayed": fp8mp.recipe.DelayedScaling()}
 RUNS = [Run("BF16", lean=False), Run("memory-lean", lean=True), Run("every lever", lean=True, every_lever=True)]
-# Memory-lean less its FP8-saved norms and activations, and less those and its optimizer: with BF16 and
-# memory-lean, they tell which part of the recipe moves the loss.
+# Memory-lean less its FP8-saved activations, and less those and its optimizer; then memory-lean with per-tensor
+# scaling, and with E4M3-saved norms: with BF16 and memory-lean, they tell which part of the recipe moves the loss.
 ABLATIONS = [Run("FP8 Linears", lean=False, fp8_linears=True),
-             Run("FP8 Linears + bf16 params + FP8 states", lean=False, fp8_linears=True, lean_optimizer=True)]
+             Run("FP8 Linears + bf16 params + FP8 states", lean=False, fp8_linears=True, lean_optimizer=True),
+             Run("memory-lean, DelayedScaling", lean=True, recipe="delayed"),
+             Run("memory-lean, E4M3-saved norms", lean=True, norm_format="e4m3")]
 
 
 def build(model_key: str, run: Run):
@@ -94,7 +103,14 @@ def prepared(model_key: str, run: Run, seed: int):
             model = model.to(torch.bfloat16)
         return model, loss_of, OPTIMIZERS["fp8mp AdamW FP8" if run.lean_optimizer else "torch AdamW"](
             model.parameters(), config), None
-    model = fp8mp.convert(model, module_filter=lambda name, m: m is not head, fp8_saved_activations=True)
+    keep_head = lambda name, m: m is not head  # noqa: E731
+    if run.norm_format == "bf16":  # (fp8mp.convert's own)
+        model = fp8mp.convert(model, module_filter=keep_head, fp8_saved_activations=True)
+    else:
+        from fp8mp.nn.saved_activations import enable_fp8_saved_activations
+
+        model = enable_fp8_saved_activations(fp8mp.convert(model, module_filter=keep_head), keep_head,
+                                             norm_format=run.norm_format)
     model = model.to(torch.bfloat16)
     if run.every_lever and model_key != "gpt":
         import fp8mp.integrations.hf as fp8_hf
@@ -106,7 +122,9 @@ def prepared(model_key: str, run: Run, seed: int):
 
 
 def forward_context(run: Run):
-    return fp8mp.fp8_autocast() if run.lean or run.fp8_linears else torch.autocast("cpu", dtype=torch.bfloat16)
+    if run.lean or run.fp8_linears:
+        return fp8mp.fp8_autocast(fp8_recipe=RECIPES[run.recipe])
+    return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 def train(model_key: str, run: Run, seed: int, steps: int, data, progress) -> dict:
@@ -151,7 +169,12 @@ def summary(model_key: str, rows: list[dict], seeds: int) -> tuple[str, dict]:
                             "every lever vs BF16"], cells)
     verdict = (f"{model_key}: every lever's mean final loss {vs_bf16 * 100:+.2f}% from BF16's "
                f"({'within' if abs(vs_bf16) <= GOAL else 'NOT within'} the goal of {GOAL * 100:.1f}%)")
-    return table + "\n" + verdict, {"means": means, "every_lever_vs_bf16": vs_bf16}
+    # How far 5 seeds resolve it: the standard error of the mean of the per-seed ratios (a chaotic model's is wide)
+    ratios = [final[("every lever", seed)] / final[("BF16", seed)] - 1 for seed in range(seeds)]
+    standard_error = statistics.stdev(ratios) / len(ratios) ** 0.5 if seeds > 1 else float("nan")
+    verdict += f"; the per-seed ratios' standard error {standard_error * 100:.2f}%"
+    return table + "\n" + verdict, {"means": means, "every_lever_vs_bf16": vs_bf16,
+                                     "every_lever_vs_bf16_standard_error": standard_error}
 
 
 def ablation_summary(model_key: str, rows: list[dict], seeds: int) -> tuple[str, dict]:
@@ -175,8 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default="gpt,llama", help="comma-separated, of gpt, llama")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared machine's steadier pick)")
     parser.add_argument("--ablations", action="store_true",
-                        help="also the memory-lean recipe less its FP8-saved norms and activations, and less those "
-                             "and its optimizer (ABLATIONS), in a table of means against BF16")
+                        help="also the memory-lean recipe taken apart and varied (ABLATIONS), in a table of means "
+                             "against BF16")
     parser.add_argument("--json", default=None, help="add the figures to this JSON file (benchmarks/results_json.py)")
     args = parser.parse_args(argv)
     models = args.models.split(",")

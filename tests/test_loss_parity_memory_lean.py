@@ -26,7 +26,7 @@ def test_every_lever_run_wires_each_lever():
 
 
 def test_ablation_runs_take_the_recipe_apart():
-    fp8_only, lean_optimizer = parity.ABLATIONS
+    fp8_only, lean_optimizer, delayed, e4m3_norms = parity.ABLATIONS
     model, _, optimizer, stepper = parity.prepared("llama", fp8_only, seed=0)
     import fp8mp
     import fp8mp.nn.saved_activations as saved
@@ -42,6 +42,16 @@ def test_ablation_runs_take_the_recipe_apart():
     assert not any(map(saved.has_fp8_saved_activations, model.modules()))
     lean, _, _, _ = parity.prepared("llama", parity.RUNS[1], seed=0)
     assert any(map(saved.has_fp8_saved_activations, lean.modules()))
+    # What a norm stores (what it hands to an enclosing saved-tensor hook): bf16 in memory-lean, E4M3 in the variant
+    for run, stored in ((parity.RUNS[1], torch.bfloat16), (e4m3_norms, torch.float8_e4m3fn)):
+        model, _, _, _ = parity.prepared("llama", run, seed=0)
+        seen = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t.dtype) or t, lambda t: t):
+            model.model.norm(torch.randn(2, 8, 128, dtype=torch.bfloat16, requires_grad=True) * 1)
+        assert stored in seen and (torch.float8_e4m3fn in seen) == (stored == torch.float8_e4m3fn)
+    assert all(run.recipe == "rowwise" for run in parity.RUNS if run.lean) and delayed.lean
+    assert isinstance(parity.RECIPES["rowwise"], fp8mp.recipe.RowwiseScaling)
+    assert isinstance(parity.RECIPES[delayed.recipe], fp8mp.recipe.DelayedScaling)
 
 
 def test_cli_prints_a_table_per_model_and_records_json(tmp_path, capsys):
