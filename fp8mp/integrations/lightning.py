@@ -16,8 +16,9 @@ A precision plugin shaped like Lightning's `TransformerEnginePrecision`:
     - `state_dict` / `load_state_dict`: the loss scaler and the fallback policy, in Lightning's checkpoints (the
       FP8 scaling buffers are in the model's state_dict already).
 
-`memory_lean=True` is docs/training.md's memory-lean way: bf16 parameters, no torch.autocast, norms and activations
-saving for backward in FP8 (use `fp8mp.optim.AdamW(state_dtype=torch.float8_e4m3fn)` in `configure_optimizers`).
+`memory_lean=True` is docs/training.md's memory-lean way: bf16 parameters, no torch.autocast, activations saving
+for backward in FP8 and norms in bf16 (use `fp8mp.optim.AdamW(state_dtype=torch.float8_e4m3fn)` in
+`configure_optimizers`, and `recipe=fp8mp.recipe.RowwiseScaling()` for that recipe's loss).
 
 Lightning is imported only when `FP8Precision` is first looked up (`pip install 'fp8mp[lightning]'` or
 `'fp8mp[pytorch-lightning]'`). The class then derives from the Precision plugin of every Lightning package
