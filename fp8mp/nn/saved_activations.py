@@ -118,16 +118,37 @@ def is_norm_module(module: torch.nn.Module) -> bool:
     return any(_is_norm_class(cls) for cls in type(module).__mro__)
 
 
-class Fp8SavedTensor:
-    """What the pack hook stores for one saved tensor: E4M3 data [rows, cols] and fp32 scale_inv
-    [rows, ceil(cols / 128)] (or what the enclosing hooks made of them), and the tensor's shape and dtype."""
+class _StoredPieces:
+    """The tensors the pack hook stored for one saved tensor, handed to the enclosing hooks where there are any.
+    `pieces()` gives them back, each through the enclosing unpack once: an enclosing hook may hand back each of
+    its packed objects only once (a checkpoint does), and one stored tensor may be unpacked by two nodes (a tensor
+    saved twice in one call), so what it gave is kept."""
 
-    __slots__ = ("data", "scale_inv", "shape", "dtype", "outer_unpack", "unpacked", "dtensor_layout")
+    __slots__ = ("stored", "outer_unpack", "unpacked")
 
-    def __init__(self, data, scale_inv, shape: torch.Size, dtype: torch.dtype, outer_unpack, dtensor_layout=None):
-        self.data, self.scale_inv, self.shape, self.dtype = data, scale_inv, shape, dtype
+    def __init__(self, pieces: tuple[torch.Tensor, ...], outer_pack, outer_unpack):
+        self.stored = pieces if outer_pack is None else tuple(outer_pack(piece) for piece in pieces)
         self.outer_unpack = outer_unpack
-        self.unpacked = None  # (data, scale_inv) once the enclosing hooks gave them back
+        self.unpacked = None
+
+    def pieces(self) -> tuple:
+        if self.outer_unpack is None:
+            return self.stored
+        if self.unpacked is None:
+            self.unpacked = tuple(self.outer_unpack(piece) for piece in self.stored)
+        return self.unpacked
+
+
+class Fp8SavedTensor(_StoredPieces):
+    """What the pack hook stores for one saved tensor: E4M3 data [rows, cols] and fp32 scale_inv
+    [rows, ceil(cols / 128)], and the tensor's shape and dtype."""
+
+    __slots__ = ("shape", "dtype", "dtensor_layout")
+
+    def __init__(self, data, scale_inv, shape: torch.Size, dtype: torch.dtype, outer_pack, outer_unpack,
+                 dtensor_layout=None):
+        super().__init__((data, scale_inv), outer_pack, outer_unpack)
+        self.shape, self.dtype = shape, dtype
         # A DTensor's (mesh, placements, global shape, stride): its local tensor is what is stored (`shape` is
         # the local one), and backward gets a DTensor of that layout back.
         self.dtensor_layout = dtensor_layout
@@ -141,14 +162,18 @@ class Fp8SavedTensor:
         mesh, placements, shape, stride = self.dtensor_layout
         return DTensor.from_local(values, mesh, placements, run_check=False, shape=shape, stride=stride)
 
-    def pieces(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.outer_unpack is None:
-            return self.data, self.scale_inv
-        # An enclosing hook may hand back each of its packed objects only once (a checkpoint does), and one
-        # Fp8SavedTensor may be unpacked by two nodes (a tensor saved twice in one call): keep what it gave.
-        if self.unpacked is None:
-            self.unpacked = self.outer_unpack(self.data), self.outer_unpack(self.scale_inv)
-        return self.unpacked
+
+class Bf16SavedTensor(_StoredPieces):
+    """What the pack hook stores for one fp32 tensor saved by a norm under norm_format="bf16": the tensor rounded
+    once to bf16; backward reads it back as fp32."""
+
+    __slots__ = ()
+
+    def __init__(self, data, outer_pack, outer_unpack):
+        super().__init__((data,), outer_pack, outer_unpack)
+
+    def tensor(self) -> torch.Tensor:
+        return self.pieces()[0].float()
 
 
 def quantize_saved(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,20 +195,6 @@ def dequantize_saved(data: torch.Tensor, scale_inv: torch.Tensor, shape: torch.S
 
 def _owner(x: torch.Tensor) -> torch.Tensor:
     return x._base if x._base is not None else x
-
-
-class Bf16SavedTensor:
-    """What the pack hook stores for one fp32 tensor saved by a norm under norm_format="bf16": the tensor rounded
-    once to bf16 (or what the enclosing hooks made of it); backward reads it back as fp32."""
-
-    __slots__ = ("data", "outer_unpack")
-
-    def __init__(self, data, outer_unpack):
-        self.data, self.outer_unpack = data, outer_unpack
-
-    def tensor(self) -> torch.Tensor:
-        data = self.outer_unpack(self.data) if self.outer_unpack is not None else self.data
-        return data.float()
 
 
 class _Call:
@@ -220,14 +231,11 @@ class _Call:
         seen = self.stored.get(key)
         if seen is not None and seen[1] == x._version:
             return seen[2]
-        if self.storage == "bf16":
-            data = x.detach().to(torch.bfloat16)  # (a DTensor stays one: the cast is elementwise)
-            packed = Bf16SavedTensor(self.outer_pack(data) if self.outer_pack is not None else data, self.outer_unpack)
+        if self.storage == "bf16":  # (a DTensor stays one: the cast is elementwise)
+            packed = Bf16SavedTensor(x.detach().to(torch.bfloat16), self.outer_pack, self.outer_unpack)
         else:
-            data, scale_inv = quantize_saved(local)
-            if self.outer_pack is not None:
-                data, scale_inv = self.outer_pack(data), self.outer_pack(scale_inv)
-            packed = Fp8SavedTensor(data, scale_inv, local.shape, x.dtype, self.outer_unpack, layout)
+            packed = Fp8SavedTensor(*quantize_saved(local), local.shape, x.dtype, self.outer_pack, self.outer_unpack,
+                                    layout)
         self.stored[key] = (x, x._version, packed)
         return packed
 

@@ -74,6 +74,16 @@ def test_checkpoint_recomputes_the_fp8_copies_and_keeps_none(norm, monkeypatch):
     assert len(made) == 2 * (2 + (norm is torch.nn.RMSNorm)), "the recomputation quantizes again"
 
 
+@pytest.mark.parametrize("norm", [torch.nn.LayerNorm, torch.nn.RMSNorm, LlamaRMSNorm])
+def test_checkpoint_over_bf16_norms_gives_the_bits_without_it(norm):
+    """Norms storing bf16 (the default) inside a non-reentrant checkpoint: a tensor the norm saves twice (its fp32
+    input, for pow and mul) is stored once and unpacked by two nodes, each piece through the checkpoint once."""
+    model = enable_fp8_saved_activations(block(norm))
+    x = torch.randn(32, 128)
+    expected = grads(model, x)
+    assert all(torch.equal(a, b) for a, b in zip(grads(model, x, checkpointed), expected))
+
+
 def test_checkpoint_of_a_checkpoint_and_of_the_whole_demo_gpt():
     model = enable_fp8_saved_activations(block())
     x = torch.randn(16, 128)
