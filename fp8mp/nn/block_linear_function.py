@@ -84,6 +84,18 @@ def quantize_weight(weight: torch.Tensor, recipe: BlockRecipe, fmt: str):
     return _quantize_both(weight, recipe, fmt)
 
 
+def _fprop_weight(weight: torch.Tensor, recipe: BlockRecipe, fmt: str):
+    """quantize_weight's w_q alone (the same bits: block_quantize_transpose is the two block_quantize calls)."""
+    return _quantize(weight, recipe.weight_block_rows, recipe, fmt)
+
+
+def _dgrad_weight(weight: torch.Tensor, recipe: BlockRecipe, fmt: str):
+    """The dgrad operand (W.T along N) of quantize_weight alone, the same bits."""
+    if recipe.weight_block_rows == recipe.block_k:  # square: fprop's blocks, transposed
+        return _transposed(_fprop_weight(weight, recipe, fmt))
+    return _quantize(weight.t(), 1, recipe, fmt)
+
+
 def stored_weight_operands(recipe: BlockRecipe, w_data, w_scale_inv, w_t_data=None, w_t_scale_inv=None):
     """The (w_q, w_t_q) of `quantize_weight` from its stored tensors (the block sizes follow from the recipe)."""
     n, k = w_data.shape
@@ -105,17 +117,19 @@ class BlockLinearFunction(torch.autograd.Function):
         out_dtype = x2d.dtype if out_dtype is None else out_dtype
         forward_format = formats[0]
         x_q, x_t_q = _quantize_both(x2d, recipe, forward_format) if fp8_input is None else fp8_input
-        w_q, w_t_q = quantize_weight(weight, recipe, forward_format) if stored_weight is None else stored_weight
-        out_bias = bias.to(out_dtype) if bias is not None else None
-        out = _gemm(x_q, w_q, out_dtype, out_bias)
-        ctx.transpose_weight = w_t_q is None  # square blocks: backward transposes fprop's weight (bytes and scales)
-        w_saved = w_q if w_t_q is None else w_t_q
         ctx.requantize_weight = stored_weight is None  # (a stored weight's operands are saved: no new bytes)
-        if ctx.requantize_weight:
+        if ctx.requantize_weight:  # fprop's operand only: backward quantizes the dgrad operand itself
+            w_q = _fprop_weight(weight, recipe, forward_format)
             ctx.save_for_backward(x_t_q[0], x_t_q[1], weight)
         else:
+            w_q, w_t_q = stored_weight
+            ctx.transpose_weight = w_t_q is None  # square blocks: backward transposes fprop's weight
+            w_saved = w_q if w_t_q is None else w_t_q
             ctx.save_for_backward(x_t_q[0], x_t_q[1], w_saved[0], w_saved[1])
-        ctx.blocks = (x_t_q[2:], w_saved[2:])
+            ctx.w_blocks = w_saved[2:]
+        out_bias = bias.to(out_dtype) if bias is not None else None
+        out = _gemm(x_q, w_q, out_dtype, out_bias)
+        ctx.x_blocks = x_t_q[2:]
         ctx.weight_ref = weight_ref_for_row_blocks(weight) if ctx.requantize_weight else None
         ctx.recipe, ctx.formats = recipe, formats
         ctx.x_dtype = x2d.dtype
@@ -126,7 +140,7 @@ class BlockLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x_t_data, x_t_scale, *w_saved = ctx.saved_tensors
-        x_t_q = (x_t_data, x_t_scale, *ctx.blocks[0])
+        x_t_q = (x_t_data, x_t_scale, *ctx.x_blocks)
         grad_out = grad_out.contiguous()
         grad_x = grad_w = grad_b = None
         recipe, (forward_format, fmt) = ctx.recipe, ctx.formats
@@ -137,11 +151,10 @@ class BlockLinearFunction(torch.autograd.Function):
             g_q = _quantize(grad_out, 1, recipe, fmt) if need_dgrad else None
             g_t_q = _quantize(grad_out.t(), 1, recipe, fmt) if need_wgrad else None
         if need_dgrad:
-            if ctx.requantize_weight:  # forward's quantization again: same weight, same blocks, same bits
-                w_q, w_t_q = quantize_weight(w_saved[0], recipe, forward_format)
-                w_t_q = _transposed(w_q) if w_t_q is None else w_t_q
+            if ctx.requantize_weight:  # quantize_weight's dgrad operand: same weight, same blocks, same bits
+                w_t_q = _dgrad_weight(w_saved[0], recipe, forward_format)
             else:
-                w_t_q = (*w_saved, *ctx.blocks[1])
+                w_t_q = (*w_saved, *ctx.w_blocks)
                 w_t_q = _transposed(w_t_q) if ctx.transpose_weight else w_t_q
             grad_x = _gemm(g_q, w_t_q, ctx.x_dtype)
         if need_wgrad and (sink := sink_of(param := referenced(ctx.weight_ref))) is not None:
