@@ -209,7 +209,8 @@ class _Call:
         self.stored: dict[tuple, tuple[torch.Tensor, int, Any]] = {}
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
-    def stores_in_fp8(self, x: torch.Tensor) -> bool:
+    def stores(self, x: torch.Tensor) -> bool:
+        """Whether pack stores `x` in the call's storage (E4M3 or bf16) rather than keeping it as it is."""
         owner = _owner(x)
         if isinstance(owner, torch.nn.Parameter) or (owner.is_leaf and owner.requires_grad):
             return False
@@ -220,7 +221,7 @@ class _Call:
         return x.dtype in dtypes and x.numel() >= max(self.min_numel, 1) and not expanded
 
     def pack(self, x: torch.Tensor) -> Any:
-        if not self.stores_in_fp8(x):
+        if not self.stores(x):
             return ("kept", self.outer_pack(x) if self.outer_pack is not None else x.detach())
         local, layout = x, None
         if is_dtensor(x):  # (a norm under sequence parallel): store the local shard, its groups the whole tensor's
