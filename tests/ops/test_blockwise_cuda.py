@@ -99,11 +99,18 @@ def test_cuda_block_quantize_every_16bit_pattern_equals_cpu(dtype, mode):
 
 @needs_cuda
 def test_cuda_non_contiguous_and_offset_inputs_equal_cpu():
+    """Views taken on the device (`view.cuda()` of a CPU view would copy into a fresh, aligned, contiguous allocation):
+    transposed, offset by one row and 3 columns (a data pointer off 16-byte alignment) and every other row."""
     base = hard_input((300, 257), torch.bfloat16, seed=9)
-    for x in (base.t(), base[1:, 3:], base[::2]):
-        for got, want in zip(block_quantize(x.cuda(), 1, 128, "e4m3", "fp32"), block_quantize(x, 1, 128, "e4m3", "fp32")):
+    base_gpu = base.cuda()
+    for view in (lambda t: t.t(), lambda t: t[1:, 3:], lambda t: t[::2]):
+        x, x_gpu = view(base), view(base_gpu)
+        assert x_gpu.stride() == x.stride() and x_gpu.storage_offset() == x.storage_offset()
+        if x.storage_offset():
+            assert x_gpu.data_ptr() % 16 != 0
+        for got, want in zip(block_quantize(x_gpu, 1, 128, "e4m3", "fp32"), block_quantize(x, 1, 128, "e4m3", "fp32")):
             assert torch.equal(bits(got.cpu()), bits(want))
-        for got, want in zip(block_quantize_transpose(x.cuda(), 32, 32, "e4m3", "e8m0_rceil"),
+        for got, want in zip(block_quantize_transpose(x_gpu, 32, 32, "e4m3", "e8m0_rceil"),
                              block_quantize_transpose(x, 32, 32, "e4m3", "e8m0_rceil")):
             assert torch.equal(bits(got.cpu()), bits(want))
 
