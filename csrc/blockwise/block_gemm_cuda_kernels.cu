@@ -351,46 +351,20 @@ bool chunked_path_forced() {
 }
 
 // The path for this call on the current GPU, or the error that names the GPU and what is needed.
-BlockGemmPathChoice path_for(BlockGemmRecipe recipe, const DeviceDescription& gpu) {
-  BlockGemmPathChoice choice = choose_block_gemm_path(recipe, gpu.compute_capability, cublasLtGetVersion(),
-                                                      size_t(CUBLAS_VERSION), chunked_path_forced());
+BlockGemmPathChoice path_for(const BlockGemmArgs& g, const DeviceDescription& gpu) {
+  BlockGemmPathChoice choice = choose_block_gemm_path(g.recipe, g.a.format, g.b.format, gpu.compute_capability,
+                                                      cublasLtGetVersion(), size_t(CUBLAS_VERSION),
+                                                      chunked_path_forced());
   if (!choice.why_not.empty()) throw std::runtime_error(std::string(kOp) + ": " + choice.why_not + "; " + gpu.text());
   return choice;
 }
 
 }  // namespace
 
-BlockGemmPlanChoice block_gemm_recipe(int64_t K, int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
-                                      bool a_e8m0, bool b_e8m0) {
-  const bool fp32_scales = !a_e8m0 && !b_e8m0;
-  if (fp32_scales && a_block_rows == 1 && b_block_rows == 1 && block_k >= K) {
-    return {BlockGemmRecipe::Rowwise, LtScaleLayout::OuterVec, LtScaleLayout::OuterVec, ""};
-  }
-  const auto deepseek_rows = [](int64_t r) { return r == 1 || r == 128; };
-  if (fp32_scales && block_k == 128 && deepseek_rows(a_block_rows) && deepseek_rows(b_block_rows) &&
-      !(a_block_rows == 128 && b_block_rows == 128)) {
-    const auto layout = [](int64_t r) { return r == 1 ? LtScaleLayout::Vec128 : LtScaleLayout::Blk128x128; };
-    return {BlockGemmRecipe::DeepSeek, layout(a_block_rows), layout(b_block_rows), ""};
-  }
-  if (a_e8m0 && b_e8m0 && block_k == 32 && a_block_rows == 1 && b_block_rows == 1) {
-    return {BlockGemmRecipe::Mxfp8, LtScaleLayout::Vec32Swizzled, LtScaleLayout::Vec32Swizzled, ""};
-  }
-  const auto dtype = [](bool e8m0) { return e8m0 ? "float8_e8m0fnu" : "float32"; };
-  return {BlockGemmRecipe::Rowwise, LtScaleLayout::OuterVec, LtScaleLayout::OuterVec,
-          std::string(kOp) +
-              ": on CUDA the blocks must be those of a recipe cuBLASLt runs: rowwise (a_block_rows = b_block_rows = 1, "
-              "block_k >= K, float32 scales), DeepSeek-V3 (block_k = 128, a_block_rows and b_block_rows 1 or 128, not "
-              "both 128, float32 scales) or MXFP8 (a_block_rows = b_block_rows = 1, block_k = 32, float8_e8m0fnu "
-              "scales); got a_block_rows = " +
-              std::to_string(a_block_rows) + ", b_block_rows = " + std::to_string(b_block_rows) +
-              ", block_k = " + std::to_string(block_k) + ", K = " + std::to_string(K) + ", scales " + dtype(a_e8m0) +
-              " and " + dtype(b_e8m0)};
-}
-
 size_t block_scaled_gemm_scratch_bytes(const BlockGemmArgs& args) {
   if (args.a.rows == 0 || args.b.rows == 0 || args.K == 0) return 0;
   const DeviceDescription gpu = current_device_description();
-  return plan_scratch(args, path_for(args.recipe, gpu).path).bytes;
+  return plan_scratch(args, path_for(args, gpu).path).bytes;
 }
 
 void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* scratch, cudaStream_t stream) {
@@ -404,7 +378,7 @@ void block_scaled_gemm(cublasLtHandle_t handle, const BlockGemmArgs& g, void* sc
   }
   const DeviceDescription gpu = current_device_description();
   check_device_code(gpu, kOp);
-  const BlockGemmPathChoice choice = path_for(g.recipe, gpu);
+  const BlockGemmPathChoice choice = path_for(g, gpu);
   const ScratchPlan p = plan_scratch(g, choice.path);
   const bool native = choice.path == BlockGemmPath::Native;
   uint8_t* base = static_cast<uint8_t*>(scratch);

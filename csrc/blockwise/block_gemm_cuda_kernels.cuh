@@ -10,6 +10,7 @@
 #include <string>
 
 #include "blockwise/block_gemm_path.h"
+#include "blockwise/block_gemm_recipe.h"
 #include "blockwise/block_scale_layout.h"
 #include "common/fp8_format.h"
 #include "common/half_types.h"
@@ -35,16 +36,6 @@ struct BlockGemmArgs {
   void* out;         // [M, N] of out_type
   HpType out_type;
 };
-
-// The recipe and each operand's scale layout for these block sizes, or an empty string `why_not`
-// filled with what CUDA supports (the same text the fake kernel raises, fp8mp/ops/blockwise.py).
-struct BlockGemmPlanChoice {
-  BlockGemmRecipe recipe;
-  LtScaleLayout a_layout, b_layout;
-  std::string why_not;  // non-empty: unsupported
-};
-BlockGemmPlanChoice block_gemm_recipe(int64_t K, int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
-                                      bool a_e8m0, bool b_e8m0);
 
 // Bytes of device scratch block_scaled_gemm needs on the current GPU: cuBLASLt workspace, padded operands,
 // rearranged scales (native path), the fp32 products and accumulator (block_gemm_path.h).

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "blockwise/block_scale_layout.h"
+#include "common/fp8_format.h"
 
 namespace fp8mp {
 
@@ -54,12 +55,21 @@ inline const char* block_gemm_recipe_name(BlockGemmRecipe recipe) {
   }
 }
 
-// The path for `recipe` on a GPU of compute capability `cc` (major * 10 + minor) with the loaded cuBLASLt
-// `runtime_version` (cublasLtGetVersion()) in a build against cuBLASLt headers `header_version`
-// (CUBLAS_VERSION). force_chunked (FP8MP_BLOCK_GEMM_PATH=chunked) takes the chunked path wherever the
-// GPU has FP8, so that it can be tested on a GPU that has the native one.
-inline BlockGemmPathChoice choose_block_gemm_path(BlockGemmRecipe recipe, int cc, size_t runtime_version,
-                                                  size_t header_version, bool force_chunked) {
+// Whether the native path runs cuBLASLt's Hopper block scale modes (OUTER_VEC_32F, VEC128_32F, BLK128x128_32F)
+// for this operand pair. NVIDIA's examples and Transformer Engine's Float8BlockScaling (the recipe the modes
+// came with, E4M3 by default) use them with E4M3 operands; cuBLASLt's documentation does not say clearly
+// that they take an E5M2 operand, and no GPU has run one through them here. So a pair with an E5M2 operand
+// (HYBRID: an E5M2 gradient x an E4M3 weight) takes the chunked path, whose tensor-scaled FP8 GEMMs cuBLASLt
+// documents for E5M2 x E4M3 and E4M3 x E5M2: slower, not wrong.
+inline bool native_block_modes_take(Fp8Format a, Fp8Format b) { return a == Fp8Format::E4M3 && b == Fp8Format::E4M3; }
+
+// The path for `recipe` with operands a and b in `a_format` and `b_format` on a GPU of compute capability
+// `cc` (major * 10 + minor) with the loaded cuBLASLt `runtime_version` (cublasLtGetVersion()) in a build
+// against cuBLASLt headers `header_version` (CUBLAS_VERSION). force_chunked (FP8MP_BLOCK_GEMM_PATH=chunked)
+// takes the chunked path wherever the GPU has FP8, so that it can be tested on a GPU that has the native one.
+inline BlockGemmPathChoice choose_block_gemm_path(BlockGemmRecipe recipe, Fp8Format a_format, Fp8Format b_format,
+                                                  int cc, size_t runtime_version, size_t header_version,
+                                                  bool force_chunked) {
   if (cc < 89) {
     return {BlockGemmPath::Chunked, false,
             std::string(block_gemm_recipe_name(recipe)) +
@@ -70,7 +80,8 @@ inline BlockGemmPathChoice choose_block_gemm_path(BlockGemmRecipe recipe, int cc
   if (recipe == BlockGemmRecipe::Mxfp8) {
     native = (major == 10 || major == 12) && runtime_version >= kCublasLtMxfp8 && header_version >= kCublasLtMxfp8;
   } else {
-    native = major == 9 && runtime_version >= kCublasLtBlockModes && header_version >= kCublasLtBlockModes;
+    native = major == 9 && runtime_version >= kCublasLtBlockModes && header_version >= kCublasLtBlockModes &&
+             native_block_modes_take(a_format, b_format);
   }
   if (!native || force_chunked) return {BlockGemmPath::Chunked, false, ""};
   return {BlockGemmPath::Native, recipe == BlockGemmRecipe::Mxfp8 && runtime_version < kCublasLtMxfp8CacheFixed, ""};

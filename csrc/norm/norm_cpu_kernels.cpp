@@ -285,9 +285,10 @@ void norm_bwd_impl(const NormBwdArgs& args, ParallelFor parallel_for) {
   FP8MP_DISPATCH_HP(args.weight_type, [&] {
     scalar_t* gw = static_cast<scalar_t*>(args.grad_weight);
     scalar_t* gb = static_cast<scalar_t*>(args.grad_bias);
+    // A NaN the sums make (Inf - Inf) or carry is the canonical NaN, as on CUDA (norm_common.h).
     for (int64_t i = 0; i < hidden; ++i) {
-      gw[i] = static_cast<scalar_t>(sums_ptr[i]);
-      if (gb != nullptr) gb[i] = static_cast<scalar_t>(sums_ptr[hidden + i]);
+      gw[i] = static_cast<scalar_t>(pin_nan(sums_ptr[i]));
+      if (gb != nullptr) gb[i] = static_cast<scalar_t>(pin_nan(sums_ptr[hidden + i]));
     }
   });
 }

@@ -189,6 +189,7 @@ __global__ void norm_bwd_param_partials_kernel(const scalar_t* __restrict__ grad
 }
 
 // Stage 2: one thread per column adds the chunks' partials in chunk order, rounded once to the weight's type.
+// A NaN there is the canonical NaN, as on the CPU (norm_common.h): NVIDIA's fp32 Inf - Inf is 0x7FFFFFFF.
 template <typename scalar_t>
 __global__ void sum_chunks_kernel(const float* __restrict__ partial, int64_t chunks, int64_t hidden,
                                   scalar_t* __restrict__ out) {
@@ -196,7 +197,7 @@ __global__ void sum_chunks_kernel(const float* __restrict__ partial, int64_t chu
   if (col >= hidden) return;
   float acc = 0.0f;
   for (int64_t c = 0; c < chunks; ++c) acc += partial[c * hidden + col];
-  out[col] = static_cast<scalar_t>(acc);
+  out[col] = static_cast<scalar_t>(pin_nan(acc));
 }
 
 // out[i] = float(p[i]) (+ 1 with add_one), or 1 without p: the fp32 gain and bias vectors.

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blockwise/block_gemm_path.h"
+#include "blockwise/block_gemm_recipe.h"
 #include "blockwise/block_scale_layout.h"
 #include "cast/cast_cpu_kernels.h"
 #include "common/device_support.h"
@@ -35,6 +37,7 @@ using fp8mp_test::bits;
 using fp8mp_test::from_bits;
 using fp8mp_test::serial_for;
 
+constexpr Fp8Format kE4M3 = Fp8Format::E4M3, kE5M2 = Fp8Format::E5M2;
 constexpr size_t k129 = 120900, k128 = 120800, k1283 = 120803, k1284 = 120804, k131 = 130101;
 
 }  // namespace
@@ -42,47 +45,77 @@ constexpr size_t k129 = 120900, k128 = 120800, k1283 = 120803, k1284 = 120804, k
 TEST_CASE("rowwise and DeepSeek-V3 run cuBLASLt's block modes on 9.x only, chunked on every other FP8 GPU",
           "[block_gemm_path]") {
   for (const auto recipe : {BlockGemmRecipe::Rowwise, BlockGemmRecipe::DeepSeek}) {
-    REQUIRE(fp8mp::choose_block_gemm_path(recipe, 90, k131, k131, false).path == BlockGemmPath::Native);
-    REQUIRE(fp8mp::choose_block_gemm_path(recipe, 90, k129, k129, false).path == BlockGemmPath::Native);
+    REQUIRE(fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, 90, k131, k131, false).path == BlockGemmPath::Native);
+    REQUIRE(fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, 90, k129, k129, false).path == BlockGemmPath::Native);
     // Hopper with a cuBLASLt (loaded or built against) older than 12.9: no block modes there.
-    REQUIRE(fp8mp::choose_block_gemm_path(recipe, 90, k128, k131, false).path == BlockGemmPath::Chunked);
-    REQUIRE(fp8mp::choose_block_gemm_path(recipe, 90, k131, k128, false).path == BlockGemmPath::Chunked);
+    REQUIRE(fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, 90, k128, k131, false).path == BlockGemmPath::Chunked);
+    REQUIRE(fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, 90, k131, k128, false).path == BlockGemmPath::Chunked);
     for (const int cc : {89, 100, 103, 110, 120, 121}) {  // Ada, Blackwell datacenter and consumer
-      const auto choice = fp8mp::choose_block_gemm_path(recipe, cc, k131, k131, false);
+      const auto choice = fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, cc, k131, k131, false);
       REQUIRE(choice.path == BlockGemmPath::Chunked);
       REQUIRE(choice.why_not.empty());
       REQUIRE_FALSE(choice.mxfp8_cache_key_workaround);
     }
-    REQUIRE(fp8mp::choose_block_gemm_path(recipe, 90, k131, k131, true).path == BlockGemmPath::Chunked);
+    REQUIRE(fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, 90, k131, k131, true).path == BlockGemmPath::Chunked);
   }
 }
 
 TEST_CASE("MXFP8 runs VEC32_UE8M0 on 10.x and 12.x from cuBLASLt 12.8, with the cache-key workaround to 12.8.3",
           "[block_gemm_path]") {
   for (const int cc : {100, 103, 120, 121}) {
-    const auto old = fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, cc, k128, k131, false);
+    const auto old = fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, cc, k128, k131, false);
     REQUIRE((old.path == BlockGemmPath::Native && old.mxfp8_cache_key_workaround));
-    REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, cc, k1283, k131, false).mxfp8_cache_key_workaround);
-    const auto fixed = fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, cc, k1284, k131, false);
+    REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, cc, k1283, k131, false).mxfp8_cache_key_workaround);
+    const auto fixed = fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, cc, k1284, k131, false);
     REQUIRE((fixed.path == BlockGemmPath::Native && !fixed.mxfp8_cache_key_workaround));
-    REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, cc, 120700, k131, false).path ==
+    REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, cc, 120700, k131, false).path ==
             BlockGemmPath::Chunked);
-    REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, cc, k131, 120700, false).path ==
+    REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, cc, k131, 120700, false).path ==
             BlockGemmPath::Chunked);
   }
   for (const int cc : {89, 90}) {  // no E8M0 block scaling in Ada's or Hopper's tensor cores
-    const auto choice = fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, cc, k131, k131, false);
+    const auto choice = fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, cc, k131, k131, false);
     REQUIRE((choice.path == BlockGemmPath::Chunked && !choice.mxfp8_cache_key_workaround && choice.why_not.empty()));
   }
-  REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, 100, k1283, k131, true).path ==
+  REQUIRE(fp8mp::choose_block_gemm_path(BlockGemmRecipe::Mxfp8, kE4M3, kE4M3, 100, k1283, k131, true).path ==
           BlockGemmPath::Chunked);
+}
+
+TEST_CASE("an E5M2 operand (HYBRID gradients) takes the chunked path where E4M3 x E4M3 takes Hopper's block modes",
+          "[block_gemm_path]") {
+  for (const auto recipe : {BlockGemmRecipe::Rowwise, BlockGemmRecipe::DeepSeek}) {
+    REQUIRE(fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, 90, k131, k131, false).path == BlockGemmPath::Native);
+    for (const auto& [a, b] : {std::pair{kE5M2, kE4M3}, std::pair{kE4M3, kE5M2}}) {
+      const auto choice = fp8mp::choose_block_gemm_path(recipe, a, b, 90, k131, k131, false);
+      REQUIRE(choice.path == BlockGemmPath::Chunked);
+      REQUIRE(choice.why_not.empty());
+    }
+  }
+  REQUIRE(fp8mp::native_block_modes_take(kE4M3, kE4M3));
+  REQUIRE_FALSE(fp8mp::native_block_modes_take(kE5M2, kE4M3));
+  REQUIRE_FALSE(fp8mp::native_block_modes_take(kE4M3, kE5M2));
+}
+
+TEST_CASE("the block sizes select rowwise, DeepSeek-V3 or MXFP8, and anything else is refused with the sizes named",
+          "[block_gemm_path]") {
+  using fp8mp::LtScaleLayout;
+  const auto rowwise = fp8mp::cuda::block_gemm_recipe(256, 1, 1, 256, false, false);
+  REQUIRE((rowwise.why_not.empty() && rowwise.recipe == BlockGemmRecipe::Rowwise));
+  const auto deepseek = fp8mp::cuda::block_gemm_recipe(512, 1, 128, 128, false, false);
+  REQUIRE((deepseek.why_not.empty() && deepseek.recipe == BlockGemmRecipe::DeepSeek));
+  REQUIRE((deepseek.a_layout == LtScaleLayout::Vec128 && deepseek.b_layout == LtScaleLayout::Blk128x128));
+  const auto mx = fp8mp::cuda::block_gemm_recipe(512, 1, 1, 32, true, true);
+  REQUIRE((mx.why_not.empty() && mx.recipe == BlockGemmRecipe::Mxfp8 && mx.a_layout == LtScaleLayout::Vec32Swizzled));
+  const auto both_128 = fp8mp::cuda::block_gemm_recipe(512, 128, 128, 128, false, false);
+  REQUIRE_THAT(both_128.why_not, Catch::Contains("a_block_rows = 128, b_block_rows = 128, block_k = 128"));
+  REQUIRE_FALSE(fp8mp::cuda::block_gemm_recipe(512, 1, 1, 32, true, false).why_not.empty());  // mixed scale dtypes
 }
 
 TEST_CASE("a GPU without FP8 tensor cores has no block-scaled path, and the reason says what is needed",
           "[block_gemm_path]") {
   for (const int cc : {75, 80, 86, 87}) {
     for (const auto recipe : {BlockGemmRecipe::Rowwise, BlockGemmRecipe::DeepSeek, BlockGemmRecipe::Mxfp8}) {
-      const auto choice = fp8mp::choose_block_gemm_path(recipe, cc, k131, k131, false);
+      const auto choice = fp8mp::choose_block_gemm_path(recipe, kE4M3, kE4M3, cc, k131, k131, false);
       REQUIRE_THAT(choice.why_not, Catch::Contains("compute capability 8.9 or newer"));
       REQUIRE_THAT(choice.why_not, Catch::Contains(fp8mp::block_gemm_recipe_name(recipe)));
     }
@@ -220,6 +253,40 @@ TEST_CASE("the CPU norm writes +NaN where Inf - Inf makes one: outputs, statisti
   args.amax = &amax;
   fp8mp::cpu::norm_fwd(args, serial_for);
   for (int64_t i = 0; i < hidden; ++i) REQUIRE(codes[size_t(i)] == 0x7F);
+}
+
+TEST_CASE("the CPU norm backward writes +NaN into grad_weight and grad_bias where their sums make Inf - Inf",
+          "[nan]") {
+  // Column 0 of grad_out is +Inf in row 0 and -Inf in row 1, and x's column 0 normalizes to the same positive
+  // value in both rows: grad_weight[0] and grad_bias[0] add +Inf and -Inf, which x86 makes 0xFFC00000.
+  const int64_t rows = 2, hidden = 8;
+  std::vector<float> x(size_t(rows * hidden), 0.0f), grad_out(size_t(rows * hidden), 0.25f);
+  x[0] = x[size_t(hidden)] = 1.0f;
+  grad_out[0] = kInf;
+  grad_out[size_t(hidden)] = -kInf;
+  std::vector<float> weight(size_t(hidden), 1.5f), mean(rows), rstd(rows);
+  fp8mp::NormFwdArgs fwd{};
+  fwd.centered = true;
+  fwd.x = x.data();
+  fwd.x_type = HpType::Float32;
+  fwd.rows = rows;
+  fwd.hidden = hidden;
+  fwd.eps = 1e-5f;
+  fwd.mean = mean.data();
+  fwd.rstd = rstd.data();
+  std::vector<float> out(size_t(rows * hidden));
+  fwd.out = out.data();
+  fp8mp::cpu::norm_fwd(fwd, serial_for);
+  std::vector<float> grad_x(static_cast<size_t>(rows * hidden)), grad_w(static_cast<size_t>(hidden)),
+      grad_b(static_cast<size_t>(hidden));
+  const fp8mp::NormBwdArgs bwd{true,          grad_out.data(), x.data(),      HpType::Float32, rows,
+                               hidden,        weight.data(),   HpType::Float32, false,         mean.data(),
+                               rstd.data(),   grad_x.data(),   grad_w.data(), grad_b.data()};
+  fp8mp::cpu::norm_bwd(bwd, serial_for);
+  REQUIRE(bits(grad_w[0]) == kPositiveQuietNan);
+  REQUIRE(bits(grad_b[0]) == kPositiveQuietNan);
+  // Every other column's sums are finite: grad_out there is 0.25 in both rows.
+  for (int64_t i = 1; i < hidden; ++i) REQUIRE((std::isfinite(grad_w[size_t(i)]) && grad_b[size_t(i)] == 0.5f));
 }
 
 TEST_CASE("an fp8_max that is not finite and > 0 makes the updated scale and its inverse +NaN", "[nan]") {
