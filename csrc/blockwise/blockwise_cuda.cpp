@@ -1,9 +1,7 @@
 // CUDA glue of the block-scaled ops (stable ABI): the argument checks the CPU runs (blockwise_checks.cpp),
 // device guard, allocation (outputs and scratch from torch's caching allocator, on the stream the kernels
 // run on) and registration around the torch-free kernels of blockwise_cuda_kernels.cu.
-#include <optional>
-#include <string>
-#include <tuple>
+#include "blockwise/blockwise_cuda.h"
 
 #include "blockwise/block_gemm_cuda_kernels.cuh"
 #include "blockwise/blockwise_checks.h"
@@ -16,7 +14,11 @@ namespace {
 
 Tensor scratch_bytes_on(size_t bytes, const Tensor& like) { return empty_on({int64_t(bytes)}, kByte, like); }
 
-std::tuple<Tensor, Tensor> block_quantize_cuda(Tensor x, int64_t block_rows, int64_t block_cols, std::string fmt,
+}  // namespace
+
+namespace cuda_glue {
+
+std::tuple<Tensor, Tensor> block_quantize(Tensor x, int64_t block_rows, int64_t block_cols, std::string fmt,
                                                std::string scale_mode) {
   const BlockQuantizeArgs args = check_block_quantize_args(x, block_rows, block_cols, fmt, scale_mode);
   const auto guard = guard_device_of(x);
@@ -30,9 +32,8 @@ std::tuple<Tensor, Tensor> block_quantize_cuda(Tensor x, int64_t block_rows, int
   return {y, scale_inv};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> block_quantize_transpose_cuda(Tensor x, int64_t row_block,
-                                                                         int64_t col_block, std::string fmt,
-                                                                         std::string scale_mode) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> block_quantize_transpose(Tensor x, int64_t row_block, int64_t col_block,
+                                                                    std::string fmt, std::string scale_mode) {
   const BlockQuantizeArgs args = check_block_quantize_transpose_args(x, row_block, col_block, fmt, scale_mode);
   const auto guard = guard_device_of(x);
   const Tensor xc = as_contiguous(x);
@@ -48,9 +49,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> block_quantize_transpose_cuda(Tensor 
   return {y, scale_inv, y_t, scale_inv_t};
 }
 
-Tensor block_scaled_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, int64_t a_block_rows,
-                              int64_t b_block_rows, int64_t block_k, std::optional<Tensor> bias,
-                              ScalarType out_dtype) {
+Tensor block_scaled_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, int64_t a_block_rows,
+                         int64_t b_block_rows, int64_t block_k, std::optional<Tensor> bias, ScalarType out_dtype) {
   const BlockGemmFormats formats = check_block_scaled_gemm_args(a, a_scale_inv, b, b_scale_inv, a_block_rows,
                                                                 b_block_rows, block_k, bias, out_dtype);
   const bool a_e8m0 = a_scale_inv.scalar_type() != kFloat, b_e8m0 = b_scale_inv.scalar_type() != kFloat;
@@ -81,12 +81,12 @@ Tensor block_scaled_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_s
   return out;
 }
 
-}  // namespace
+}  // namespace cuda_glue
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
-  m.impl("block_quantize", TORCH_BOX(&block_quantize_cuda));
-  m.impl("block_quantize_transpose", TORCH_BOX(&block_quantize_transpose_cuda));
-  m.impl("block_scaled_gemm", TORCH_BOX(&block_scaled_gemm_cuda));
+  m.impl("block_quantize", TORCH_BOX(&cuda_glue::block_quantize));
+  m.impl("block_quantize_transpose", TORCH_BOX(&cuda_glue::block_quantize_transpose));
+  m.impl("block_scaled_gemm", TORCH_BOX(&cuda_glue::block_scaled_gemm));
 }
 
 }  // namespace fp8mp

@@ -1,18 +1,15 @@
 // CUDA glue of the cast ops (stable ABI): argument checks, device guard,
 // allocation and registration around the torch-free kernels of cast_cuda_kernels.cu.
-#include <array>
-#include <optional>
-#include <tuple>
-#include <vector>
+#include "cast/cast_cuda.h"
 
 #include "cast/cast_checks.h"
 #include "cast/cast_cuda_kernels.cuh"
 #include "common/stable_cuda.h"
 
 namespace fp8mp {
-namespace {
+namespace cuda_glue {
 
-Tensor cast_to_fp8_cuda(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
+Tensor cast_to_fp8(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
   const Fp8Format format = check_cast_to_fp8_args(x, scale, amax, fmt, "fp8mp::cast_to_fp8");
   const auto guard = guard_device_of(x);
   const Tensor xc = as_contiguous(x);
@@ -23,7 +20,7 @@ Tensor cast_to_fp8_cuda(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
   return y;
 }
 
-std::tuple<Tensor, Tensor> cast_to_fp8_transpose_cuda(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
+std::tuple<Tensor, Tensor> cast_to_fp8_transpose(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
   constexpr const char* op = "fp8mp::cast_to_fp8_transpose";
   const Fp8Format format = check_cast_to_fp8_args(x, scale, amax, fmt, op);
   FP8MP_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", shape_str(x));
@@ -39,25 +36,18 @@ std::tuple<Tensor, Tensor> cast_to_fp8_transpose_cuda(Tensor x, Tensor scale, Te
   return {y, yt};
 }
 
-// Not fused on CUDA (yet): the cast above, then torch's fp32 column sum (aten::sum.dim_IntList), whose order
-// of additions is torch's, not the CPU kernel's tile rows.
-std::tuple<Tensor, Tensor, Tensor> cast_to_fp8_transpose_dbias_cuda(Tensor x, Tensor scale, Tensor amax,
-                                                                    std::string fmt) {
-  using torch::stable::detail::from;
-  using torch::stable::detail::to;
+// Not fused on CUDA (yet): the cast above, then torch's fp32 column sum (column_sum_fp32), whose order of
+// additions is torch's, not the CPU kernel's tile rows.
+std::tuple<Tensor, Tensor, Tensor> cast_to_fp8_transpose_dbias(Tensor x, Tensor scale, Tensor amax, std::string fmt) {
   constexpr const char* op = "fp8mp::cast_to_fp8_transpose_dbias";
   check_cast_to_fp8_args(x, scale, amax, fmt, op);
   FP8MP_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D, got shape ", shape_str(x));
-  auto [y, yt] = cast_to_fp8_transpose_cuda(x, scale, amax, fmt);
+  auto [y, yt] = cast_to_fp8_transpose(x, scale, amax, fmt);
   const auto guard = guard_device_of(x);
-  std::array<StableIValue, 4> stack{from(x), from(std::vector<int64_t>{0}), from(false),
-                                    from(std::optional<ScalarType>(kFloat))};
-  FP8MP_CHECK(torch_call_dispatcher("aten::sum", "dim_IntList", stack.data(), TORCH_ABI_VERSION) == AOTI_TORCH_SUCCESS,
-              op, ": aten::sum failed for dbias");
-  return {y, yt, to<Tensor>(stack[0])};
+  return {y, yt, column_sum_fp32(x)};
 }
 
-Tensor cast_from_fp8_cuda(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
+Tensor cast_from_fp8(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
   const Fp8Format format = check_cast_from_fp8_args(y, scale_inv, out_dtype);
   const auto guard = guard_device_of(y);
   const Tensor yc = as_contiguous(y);
@@ -68,13 +58,13 @@ Tensor cast_from_fp8_cuda(Tensor y, Tensor scale_inv, ScalarType out_dtype) {
   return out;
 }
 
-}  // namespace
+}  // namespace cuda_glue
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
-  m.impl("cast_to_fp8", TORCH_BOX(&cast_to_fp8_cuda));
-  m.impl("cast_to_fp8_transpose", TORCH_BOX(&cast_to_fp8_transpose_cuda));
-  m.impl("cast_to_fp8_transpose_dbias", TORCH_BOX(&cast_to_fp8_transpose_dbias_cuda));
-  m.impl("cast_from_fp8", TORCH_BOX(&cast_from_fp8_cuda));
+  m.impl("cast_to_fp8", TORCH_BOX(&cuda_glue::cast_to_fp8));
+  m.impl("cast_to_fp8_transpose", TORCH_BOX(&cuda_glue::cast_to_fp8_transpose));
+  m.impl("cast_to_fp8_transpose_dbias", TORCH_BOX(&cuda_glue::cast_to_fp8_transpose_dbias));
+  m.impl("cast_from_fp8", TORCH_BOX(&cuda_glue::cast_from_fp8));
 }
 
 }  // namespace fp8mp

@@ -110,6 +110,14 @@ inline Tensor empty_on(const std::vector<int64_t>& sizes, ScalarType dtype, cons
 
 inline Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
+// The float32 column sums of a 2-D x, on x's device: torch's aten::sum over dim 0 with dtype float32, through
+// the stable wrapper (which boxes `int[1]? dim` as the optional the shim reads). Its order of additions is
+// torch's. The CUDA dbias (cast_to_fp8_transpose_dbias) is this; the CPU suite runs it on CPU tensors.
+inline Tensor column_sum_fp32(const Tensor& x) {
+  const int64_t dims[] = {0};
+  return torch::stable::sum(x, torch::headeronly::IntHeaderOnlyArrayRef(dims, 1), /*keepdim=*/false, kFloat);
+}
+
 inline void stable_parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeBody& body) {
   torch::stable::parallel_for(begin, end, grain, body);
 }

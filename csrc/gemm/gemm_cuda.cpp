@@ -1,17 +1,17 @@
 // CUDA glue of fp8_gemm (stable ABI): argument checks, device guard, the output
 // and scratch allocations (torch's caching allocator, on the stream the GEMM
 // runs on) and registration around gemm_cuda_kernels.cu.
-#include <optional>
+#include "gemm/gemm_cuda.h"
 
 #include "common/stable_cuda.h"
 #include "gemm/gemm_checks.h"
 #include "gemm/gemm_cuda_kernels.cuh"
 
 namespace fp8mp {
-namespace {
+namespace cuda_glue {
 
-Tensor fp8_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, std::optional<Tensor> bias,
-                     ScalarType out_dtype, bool use_fast_accum) {
+Tensor fp8_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, std::optional<Tensor> bias,
+                ScalarType out_dtype, bool use_fast_accum) {
   const GemmFormats formats = check_fp8_gemm_args(a, a_scale_inv, b, b_scale_inv, bias, out_dtype);
   const auto guard = guard_device_of(a);
   const Tensor ac = as_contiguous(a), bc = as_contiguous(b);
@@ -35,8 +35,8 @@ Tensor fp8_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
   return out;
 }
 
-}  // namespace
+}  // namespace cuda_glue
 
-STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm_cuda)); }
+STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) { m.impl("fp8_gemm", TORCH_BOX(&cuda_glue::fp8_gemm)); }
 
 }  // namespace fp8mp

@@ -1,7 +1,9 @@
 // CUDA glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad, block_scaled_grouped_gemm and its wgrad (stable ABI): argument
 // checks (offs read back to the host and checked there), device guard, output and scratch allocations on the
 // current stream, registration.
-#include <optional>
+#include "grouped_gemm/grouped_gemm_cuda.h"
+
+#include <vector>
 
 #include "common/stable_cuda.h"
 #include "gemm/gemm_cuda_kernels.cuh"
@@ -24,7 +26,11 @@ std::vector<int32_t> checked_host_offsets(const Tensor& offs, int64_t total, con
   return host;
 }
 
-Tensor fp8_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+}  // namespace
+
+namespace cuda_glue {
+
+Tensor fp8_grouped_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                              std::optional<Tensor> bias, ScalarType out_dtype, bool use_fast_accum) {
   constexpr const char* op = "fp8mp::fp8_grouped_gemm";
   const GroupedGemmFormats formats =
@@ -55,7 +61,7 @@ Tensor fp8_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_sc
   return out;
 }
 
-Tensor fp8_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+Tensor fp8_grouped_gemm_wgrad(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                                    ScalarType out_dtype, bool use_fast_accum) {
   constexpr const char* op = "fp8mp::fp8_grouped_gemm_wgrad";
   const GroupedGemmFormats formats = check_fp8_grouped_gemm_wgrad_args(a, a_scale_inv, b, b_scale_inv, offs, out_dtype);
@@ -73,7 +79,7 @@ Tensor fp8_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tenso
   return out;
 }
 
-Tensor block_scaled_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+Tensor block_scaled_grouped_gemm(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                                       int64_t a_block_rows, int64_t b_block_rows, int64_t block_k,
                                       std::optional<Tensor> bias, ScalarType out_dtype) {
   constexpr const char* op = "fp8mp::block_scaled_grouped_gemm";
@@ -108,7 +114,7 @@ Tensor block_scaled_grouped_gemm_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Te
   return out;
 }
 
-Tensor block_scaled_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
+Tensor block_scaled_grouped_gemm_wgrad(Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor offs,
                                             int64_t block_k, ScalarType out_dtype) {
   constexpr const char* op = "fp8mp::block_scaled_grouped_gemm_wgrad";
   const BlockWgradShape s =
@@ -143,13 +149,13 @@ Tensor block_scaled_grouped_gemm_wgrad_cuda(Tensor a, Tensor a_scale_inv, Tensor
   return out;
 }
 
-}  // namespace
+}  // namespace cuda_glue
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
-  m.impl("fp8_grouped_gemm", TORCH_BOX(&fp8_grouped_gemm_cuda));
-  m.impl("fp8_grouped_gemm_wgrad", TORCH_BOX(&fp8_grouped_gemm_wgrad_cuda));
-  m.impl("block_scaled_grouped_gemm", TORCH_BOX(&block_scaled_grouped_gemm_cuda));
-  m.impl("block_scaled_grouped_gemm_wgrad", TORCH_BOX(&block_scaled_grouped_gemm_wgrad_cuda));
+  m.impl("fp8_grouped_gemm", TORCH_BOX(&cuda_glue::fp8_grouped_gemm));
+  m.impl("fp8_grouped_gemm_wgrad", TORCH_BOX(&cuda_glue::fp8_grouped_gemm_wgrad));
+  m.impl("block_scaled_grouped_gemm", TORCH_BOX(&cuda_glue::block_scaled_grouped_gemm));
+  m.impl("block_scaled_grouped_gemm_wgrad", TORCH_BOX(&cuda_glue::block_scaled_grouped_gemm_wgrad));
 }
 
 }  // namespace fp8mp

@@ -1,14 +1,16 @@
 // CUDA glue of update_amax_history_and_scale (stable ABI): argument checks,
 // device guard and registration around the torch-free kernel of scale_update_cuda_kernels.cu.
+#include "scale_update/scale_update_cuda.h"
+
 #include "common/stable_cuda.h"
 #include "scale_update/scale_update_checks.h"
 #include "scale_update/scale_update_cuda_kernels.cuh"
 
 namespace fp8mp {
-namespace {
+namespace cuda_glue {
 
-void update_amax_history_and_scale_cuda(Tensor amax, Tensor amax_history, Tensor scale, Tensor scale_inv,
-                                        Tensor fp8_max, int64_t margin, std::string amax_compute_algo) {
+void update_amax_history_and_scale(Tensor amax, Tensor amax_history, Tensor scale, Tensor scale_inv, Tensor fp8_max,
+                                   int64_t margin, std::string amax_compute_algo) {
   AmaxComputeAlgo algo;
   const auto [H, T] = check_update_amax_history_args(amax, amax_history, scale, scale_inv, fp8_max, margin,
                                                      amax_compute_algo, &algo);
@@ -20,10 +22,10 @@ void update_amax_history_and_scale_cuda(Tensor amax, Tensor amax_history, Tensor
       static_cast<const float*>(fp8_max.const_data_ptr()), H, T, margin, algo, current_cuda_stream(amax));
 }
 
-}  // namespace
+}  // namespace cuda_glue
 
 STABLE_TORCH_LIBRARY_IMPL(fp8mp, CUDA, m) {
-  m.impl("update_amax_history_and_scale", TORCH_BOX(&update_amax_history_and_scale_cuda));
+  m.impl("update_amax_history_and_scale", TORCH_BOX(&cuda_glue::update_amax_history_and_scale));
 }
 
 }  // namespace fp8mp
