@@ -33,11 +33,25 @@ CUOBJDUMP = find_cuobjdump()
 # The released wheel's TORCH_CUDA_ARCH_LIST: Ada, Hopper, Blackwell (datacenter, consumer), PTX for newer GPUs.
 RELEASE_CUDA_ARCHS = "8.9;9.0;10.0;12.0+PTX"
 SOURCE_TREE = os.path.dirname(PACKAGE)
-OPS = ["cast_to_fp8", "cast_to_fp8_transpose", "cast_from_fp8", "update_amax_history_and_scale", "fp8_gemm",
-       "layernorm_fwd", "layernorm_fwd_fp8", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_fwd_fp8", "rmsnorm_bwd",
-       "block_quantize", "block_quantize_transpose", "block_scaled_gemm", "adamw_step", "lion_step",
-       "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "block_scaled_grouped_gemm"]
+# The schema: csrc/ops.cpp beside these tests (the source tree, or the copy make test's wheel venvs run them from).
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "ops.cpp")
+
+
+def declared_ops() -> list[str]:
+    """The op names csrc/ops.cpp declares, m.def("name(...) -> ...") by m.def, in its order."""
+    with open(SCHEMA_FILE) as f:
+        return re.findall(r'm\.def\(\s*"(\w+)\(', f.read())
+
+
+def registered_ops() -> list[str]:
+    """The ops of the fp8mp namespace in torch's dispatcher: what the loaded library declared."""
+    return sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("fp8mp::"))
+
+
+# Every op of the schema (from the dispatcher where no schema file is at hand), so that a new op cannot be left out.
+ALL_OPS = declared_ops() if os.path.exists(SCHEMA_FILE) else registered_ops()
 CPU_ONLY_OPS = ["norm_fwd_block_fp8"]  # no CUDA kernel: fp8mp/ops/norm.py refuses CUDA tensors with NotImplementedError
+OPS = [op for op in ALL_OPS if op not in CPU_ONLY_OPS]
 needs_cuda_build = pytest.mark.skipif(_build_info.CUDA is None, reason="CPU-only build of fp8mp: no CUDA library")
 
 
@@ -167,7 +181,18 @@ def test_the_cpu_only_ops_have_no_cuda_kernel_to_fall_into(op):
     assert has(f"fp8mp::{op}", "CPU") and not has(f"fp8mp::{op}", "CUDA")
 
 
-@pytest.mark.parametrize("op", OPS + CPU_ONLY_OPS)
+@pytest.mark.skipif(not os.path.exists(SCHEMA_FILE), reason="needs csrc/ops.cpp beside the tests")
+def test_the_op_list_is_the_schema_and_the_library_registers_all_of_it():
+    declared = declared_ops()
+    assert len(declared) == len(set(declared)) > 0, declared
+    with open(SCHEMA_FILE) as f:
+        assert len(declared) == f.read().count("m.def("), "an m.def the pattern above does not read"
+    assert sorted(declared) == registered_ops()
+    assert set(CPU_ONLY_OPS) <= set(declared)
+    assert "cast_to_fp8_transpose_dbias" in OPS and "block_scaled_grouped_gemm_wgrad" in OPS
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
 def test_every_op_has_a_cpu_kernel(op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fp8mp::{op}", "CPU")
 
