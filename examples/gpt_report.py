@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 GOAL = 0.005  # FP8 final loss within 0.5% (relative) of the baseline
+FP32_GEMM_OF_BF16 = "fp32 GEMM of bf16 operands"  # fp8mp.nn.bf16_via_fp32.Bf16ViaFp32State.kernel
 
 
 def relative(value: float, baseline: float) -> float:
@@ -16,7 +17,8 @@ def relative(value: float, baseline: float) -> float:
 
 
 def report_table(results) -> str:
-    """One row per run: final losses, their relative difference from BF16 and FP32, speed, memory."""
+    """One row per run: final losses, their relative difference from BF16 and FP32, speed, memory; a run whose bf16
+    matmuls' kernel is known (the BF16 run) is named with it."""
     by_name = {r.name: r for r in results}
     bf16, fp32 = by_name["BF16"], by_name["FP32"]
     gpu = any(getattr(r, "peak_gpu_mib", None) is not None for r in results)
@@ -25,7 +27,7 @@ def report_table(results) -> str:
     rows = [header]
     for r in results:
         rows.append((
-            r.name, f"{r.final_train:.4f}", f"{r.final_val:.4f}",
+            getattr(r, "label", r.name), f"{r.final_train:.4f}", f"{r.final_val:.4f}",
             f"{relative(r.final_val, bf16.final_val):+.2%}", f"{relative(r.final_val, fp32.final_val):+.2%}",
             f"{relative(r.final_train, bf16.final_train):+.2%}", f"{relative(r.final_train, fp32.final_train):+.2%}",
             f"{r.median_step_s * 1000:.0f} ms", f"{r.peak_rss_mib:.0f} MiB",
@@ -33,6 +35,12 @@ def report_table(results) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     lines.append("train loss: mean over the last 10% of steps (same batches in every run); val loss: final evaluation.")
+    if getattr(bf16, "matmul_kernel", None) == FP32_GEMM_OF_BF16:
+        # The numbers are BF16's, the speed is not: every speed ratio against BF16 is against torch's bf16 matmul.
+        lines.append(f"BF16 ({FP32_GEMM_OF_BF16}): this CPU has no bf16 matrix units, where torch's bf16 matmul is "
+                     "oneDNN's emulation (~100x slower), so BF16's matmuls ran as fp32 GEMMs of their bf16 operands, "
+                     "rounded to bf16: torch's bf16 numbers (the same products, fp32 sums, one rounding), not its "
+                     "speed. Its step time is not torch's bf16 path's: --bf16-gemm torch runs that.")
     fp8 = by_name["FP8"]
     for base in (bf16, fp32):
         diff = relative(fp8.final_val, base.final_val)

@@ -8,7 +8,10 @@
 FP8: every projection (fp8mp.nn.Linear) computes in FP8 inside `fp8mp.fp8_autocast`
 (DelayedScaling, Format.HYBRID: E4M3 forward, E5M2 gradients) while the rest of
 the model runs under torch.autocast(bfloat16), so activations are bf16. BF16: the
-same torch.autocast(bfloat16) without FP8. FP32: no autocast. All three keep fp32
+same torch.autocast(bfloat16) without FP8; on a CPU without bf16 matrix units (--bf16-gemm auto) its
+matmuls run as fp32 GEMMs of their bf16 operands rounded to bf16 (fp8mp.nn.bf16_via_fp32): the numbers of
+torch's bf16 matmul, which there is oneDNN's emulation and ~100x slower. The table names the kernel that ran;
+its step time is then not torch's bf16 path's (--bf16-gemm torch runs that). FP32: no autocast. All three keep fp32
 master weights and AdamW state. Each run executes in its own process, so its
 peak memory (max RSS) is its own. Results: a table on stdout, loss curves and the
 FP8 numerics monitor's pictures under --out.
@@ -50,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8mp  # noqa: E402
 from corpus import make_corpus  # noqa: E402
 from gpt_model import GPT, GPTConfig  # noqa: E402
+from fp8mp.nn.bf16_via_fp32 import bf16_matmul_via_fp32  # noqa: E402
 from fp8mp.recipe import BlockScaling, CurrentScaling, DelayedScaling, Format, MXFP8Scaling, RowwiseScaling  # noqa: E402
 
 
@@ -98,6 +102,13 @@ RECIPES = {
 }
 
 
+# --bf16-gemm: how the BF16 run's CPU matmuls compute (bf16_matmul_via_fp32's `enabled`). "auto": as fp32 GEMMs of
+# their bf16 operands where the CPU has no bf16 matrix units (fp8mp.nn.bf16_via_fp32.cpu_has_bf16_matmul_units),
+# else torch's bf16 matmul; "torch": always torch's; "fp32": always the fp32 GEMMs. Both give BF16's numbers (the
+# same products, fp32 sums, one rounding to bf16); only the speed differs. On a GPU the BF16 run is always torch's.
+BF16_GEMMS = {"auto": None, "torch": False, "fp32": True}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimization and data settings shared by all runs."""
@@ -115,12 +126,18 @@ class TrainConfig:
     monitor_every: int = 5
     recipe: str = "delayed"  # the FP8 run's recipe, a key of RECIPES
     device: str = "cpu"  # where the model and the batches live: "cpu" or "cuda"
+    bf16_gemm: str = "auto"  # the BF16 run's matmuls on CPU, a key of BF16_GEMMS
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"TrainConfig: argument 'recipe' must be one of {sorted(RECIPES)}, got {self.recipe!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"TrainConfig: argument 'device' must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.bf16_gemm not in BF16_GEMMS:
+            raise ValueError(f"TrainConfig: argument 'bf16_gemm' must be one of {sorted(BF16_GEMMS)}, got {self.bf16_gemm!r}")
+        if self.bf16_gemm == "fp32" and self.device != "cpu":
+            raise ValueError("TrainConfig: argument 'bf16_gemm' 'fp32' is a CPU path; on a GPU the BF16 run takes "
+                             "torch's bf16 matmul")
         for name in ("steps", "batch_size", "eval_every", "eval_batches", "corpus_bytes", "monitor_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -142,8 +159,14 @@ class RunResult:
     peak_gpu_mib: float | None = None  # torch.cuda.max_memory_allocated of the run's process (CUDA runs)
     fp8_modules: int = 0
     fp8_amax_nonzero: bool = False
+    matmul_kernel: str | None = None  # the BF16 run's: "torch bf16 matmul" or "fp32 GEMM of bf16 operands"
     monitor_summary: str = ""
     files: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The run's name, with the matmul kernel its bf16 matmuls ran on where that is said."""
+        return f"{self.name} ({self.matmul_kernel})" if self.matmul_kernel else self.name
 
     @property
     def final_train(self) -> float:
@@ -295,9 +318,35 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
     recipe = RECIPES[config.recipe]
     monitor = fp8mp.monitor.attach(model, every=config.monitor_every) if precision.fp8 else None
     result = RunResult(precision.name, [], [], [], [], peak_rss_mib=0.0)
+    with bf16_matmul_via_fp32(_bf16_gemm_enabled(precision, config)) as bf16_matmul:
+        _train_loop(model, optimizer, monitor, recipe, precision, config, model_config.context, train_data, val_data,
+                    starts, val_starts, result)
+    if is_bf16_baseline(precision):
+        result.matmul_kernel = bf16_matmul.kernel
+    _finish(result, model, monitor, out_dir)
+    return result
+
+
+def is_bf16_baseline(precision: Precision) -> bool:
+    """Whether `precision` is a BF16 baseline: torch.autocast(bfloat16) around torch's own modules, no FP8."""
+    return precision.autocast_dtype == torch.bfloat16 and not precision.fp8 and precision.peer is None
+
+
+def _bf16_gemm_enabled(precision: Precision, config: TrainConfig) -> bool | None:
+    """bf16_matmul_via_fp32's `enabled` for a run: config.bf16_gemm's for a BF16 baseline on CPU, else off (the
+    FP8 runs and the peers are measured on torch's own kernels, a GPU always on torch's bf16 matmul)."""
+    if config.device != "cpu" or not is_bf16_baseline(precision):
+        return False
+    return BF16_GEMMS[config.bf16_gemm]
+
+
+def _train_loop(model, optimizer, monitor, recipe, precision: Precision, config: TrainConfig, context: int, train_data,
+                val_data, starts, val_starts, result: RunResult) -> None:
+    """config.steps training steps of `model` in `precision`, each step's loss and time and the evaluations into
+    `result`."""
     for step in tqdm(range(config.steps), desc=f"{precision.name:>4}", unit="step", dynamic_ncols=True, leave=True):
         set_lr(optimizer, lr_at(step, config))
-        x, y = get_batch(train_data, starts[step], model_config.context)
+        x, y = get_batch(train_data, starts[step], context)
         x, y = x.to(config.device), y.to(config.device)
         t0 = time.perf_counter()
         loss, fp8_modules = train_step(model, optimizer, x, y, precision, recipe, config.grad_clip, config.device)
@@ -310,8 +359,6 @@ def train(model_config: GPTConfig, config: TrainConfig, precision: Precision, ou
             with monitor.pause() if monitor is not None else contextlib.nullcontext():
                 result.val_losses.append(evaluate(model, val_data, val_starts, precision, recipe, config.device))
             result.val_steps.append(step + 1)
-    _finish(result, model, monitor, out_dir)
-    return result
 
 
 def _finish(result: RunResult, model: GPT, monitor, out_dir: str | None) -> None:
@@ -351,7 +398,7 @@ def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Pr
     for seed in range(seeds):
         results = run_all(model_config, dataclasses.replace(config, seed=seed), None, precisions, build_model)
         per_seed.append({r.name: r.final_val for r in results})
-        print(f"seed {seed}: " + ", ".join(f"{name} {loss:.4f}" for name, loss in per_seed[-1].items()), flush=True)
+        print(f"seed {seed}: " + ", ".join(f"{r.label} {r.final_val:.4f}" for r in results), flush=True)
     return seed_table(per_seed, peer.name if peer is not None else None,
                       lean_peer.name if lean_peer is not None else None)
 
@@ -374,6 +421,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="FP8, FP8 memory-lean, their peers and BF16 for seeds 0..N-1: per-seed final val "
                              "losses and their means")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--bf16-gemm", choices=list(BF16_GEMMS), default=TrainConfig.bf16_gemm,
+                        help="the BF16 run's CPU matmuls: 'fp32' GEMMs of its bf16 operands (BF16's numbers at fp32 "
+                             "speed), 'torch' bf16 matmul, or 'auto': fp32 where the CPU has no bf16 matrix units")
     parser.add_argument("--json", default=None,
                         help="add each run's losses, step time and peak memory to this JSON file (benchmarks/results_json.py)")
     return parser.parse_args(argv)
@@ -382,11 +432,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def configs_from(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
     if args.quick:
         return GPTConfig(n_layers=2, d_model=128, n_heads=4, context=64), TrainConfig(steps=30, batch_size=8, eval_every=10, seed=args.seed,
-                                                                                    recipe=args.recipe, device=args.device)
+                                                                                    recipe=args.recipe, device=args.device,
+                                                                                    bf16_gemm=args.bf16_gemm)
     model_config = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, context=args.context)
     return model_config, TrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                                      eval_every=min(TrainConfig.eval_every, args.steps), recipe=args.recipe,
-                                     device=args.device)
+                                     device=args.device, bf16_gemm=args.bf16_gemm)
 
 
 def main(argv=None) -> None:
@@ -430,7 +481,7 @@ def record_runs(path: str, results: list[RunResult]) -> None:
 
     record(path, "gpt", [{"run": r.name, "steps": len(r.train_losses), "final_train_loss": r.final_train,
                           "final_val_loss": r.final_val, "median_step_s": r.median_step_s, "peak_rss_mib": r.peak_rss_mib,
-                          "peak_gpu_mib": r.peak_gpu_mib} for r in results])
+                          "peak_gpu_mib": r.peak_gpu_mib, "matmul_kernel": r.matmul_kernel} for r in results])
 
 
 if __name__ == "__main__":

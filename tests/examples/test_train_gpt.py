@@ -1,6 +1,7 @@
 """examples/train_gpt.py: a tiny config trains, and its FP8 run really computes in FP8."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -75,6 +76,38 @@ def test_bad_configs():
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="'idx'"):
         GPT(TINY_MODEL)(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="'bf16_gemm'"):
+        TrainConfig(bf16_gemm="bf16")
+    with pytest.raises(ValueError, match="'bf16_gemm' 'fp32' is a CPU path"):
+        TrainConfig(device="cuda", bf16_gemm="fp32")
+
+
+def test_the_bf16_run_says_which_kernel_its_matmuls_ran_on_and_both_give_bf16s_numbers(fp8_result):
+    from fp8mp.nn.bf16_via_fp32 import cpu_has_bf16_matmul_units
+    from gpt_report import report_table
+    from train_gpt import RunResult
+
+    short = dataclasses.replace(TINY_TRAIN, steps=3, eval_every=3)
+    runs = {gemm: train(TINY_MODEL, dataclasses.replace(short, bf16_gemm=gemm), PRECISIONS["bf16"])
+            for gemm in ("fp32", "torch", "auto")}
+    assert runs["fp32"].matmul_kernel == "fp32 GEMM of bf16 operands"
+    assert runs["torch"].matmul_kernel == "torch bf16 matmul"
+    assert runs["auto"].matmul_kernel == runs["torch" if cpu_has_bf16_matmul_units() else "fp32"].matmul_kernel
+    assert fp8_result.matmul_kernel is None and fp8_result.label == "FP8"  # the FP8 run keeps torch's own kernels
+    # The same products, fp32 sums and roundings to bf16 (only the order of the additions differs): the first
+    # step's loss agrees to bf16's precision, far closer than BF16 and FP32 or FP8 are (~1e-2 here).
+    first = [runs[gemm].train_losses[0] for gemm in ("fp32", "torch")]
+    assert abs(first[0] - first[1]) < 2e-3 * first[1], first
+
+    def run(name: str, val: float, kernel=None) -> RunResult:
+        return RunResult(name, [3.0, val], [0, 1], [3.0, val], [0.01, 0.01], 100.0, matmul_kernel=kernel)
+
+    for kernel in ("fp32 GEMM of bf16 operands", "torch bf16 matmul"):
+        lines = report_table([run("FP8", 2.0), run("BF16", 2.0, kernel), run("FP32", 2.0)]).splitlines()
+        assert lines[2].startswith(f"BF16 ({kernel})  ")
+        # an emulated BF16's step time is said not to be torch's bf16 path's
+        said = [line for line in lines if line.startswith("BF16 (fp32 GEMM of bf16 operands): ")]
+        assert len(said) == (kernel != "torch bf16 matmul") and all("--bf16-gemm torch" in line for line in said)
 
 
 def test_torchao_peer_run_swaps_in_float8linear_with_the_same_init_and_learns():
