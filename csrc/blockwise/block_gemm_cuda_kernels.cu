@@ -20,7 +20,8 @@
 //      accumulator (chunked) or takes the scaled product (native), adds the bias in fp32 and rounds once
 //      to the output dtype: no double rounding of a 16-bit output with a bias.
 // The descriptor, layouts and chosen algorithm are cached per configuration and thread (BlockPlanKey),
-// so a repeated GEMM costs no heuristic query.
+// so a repeated GEMM costs no heuristic query; the heuristic is asked once per power-of-two bucket of the
+// sizes (heuristic_shape.h), whose algorithm each exact configuration checks (the grouped GEMMs' sizes change).
 #include "blockwise/block_gemm_cuda_kernels.cuh"
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include "common/device_support.h"
 #include "gemm/cublaslt_helpers.h"
 #include "gemm/gemm_plan_cache.h"
+#include "gemm/heuristic_shape.h"
 
 namespace fp8mp::cuda {
 namespace {
@@ -284,6 +286,43 @@ void set_scale_pointers(cublasLtMatmulDesc_t desc, const void* a_scales, const v
 }
 
 constexpr size_t kMaxCachedPlans = 1024;  // distinct GEMM configurations per thread before the cache starts over
+// An algorithm, or none (nvcc 13's front end fails on a std::optional of cuBLASLt's algorithm struct).
+struct MaybeAlgo {
+  bool found;
+  cublasLtMatmulAlgo_t algo;
+};
+
+// The heuristic's first algorithm for `desc` over these layouts; `status` gets the query's status.
+MaybeAlgo query_heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, const BlockPlanKey& key,
+                          cublasStatus_t* status) {
+  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_d);
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int returned = 0;
+  *status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref.get(), 1, &heuristic, &returned);
+  return {*status == CUBLAS_STATUS_SUCCESS && returned > 0, heuristic.algo};
+}
+
+// The algorithm of `key`'s bucket (M_pad, and K_pad where one GEMM spans all of K, rounded up to powers of
+// two: heuristic_shape.h), asked about once per bucket and thread with the first call's descriptor.
+MaybeAlgo bucket_algo(cublasLtHandle_t handle, const BlockPlanKey& key, const BlockGemmArgs& g,
+                      cublasLtMatmulDesc_t desc) {
+  BlockPlanKey bucket = key;
+  bucket.M_pad = heuristic_extent(key.M_pad);
+  if (key.chunk_k == key.ld) bucket.chunk_k = bucket.ld = heuristic_extent(key.ld);
+  thread_local std::unordered_map<BlockPlanKey, MaybeAlgo, BlockPlanKeyHash> algos;
+  const auto found = algos.find(bucket);
+  if (found != algos.end()) return found->second;
+  const Layout a = make_matrix_layout<kOp>(fp8_cuda_type(g.b.format), bucket.chunk_k, key.N_pad, bucket.ld);
+  const Layout b = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), bucket.chunk_k, bucket.M_pad, bucket.ld);
+  const Layout d = make_matrix_layout<kOp>(CUDA_R_32F, key.N_pad, bucket.M_pad, key.N_pad);
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  const MaybeAlgo algo = query_heuristic(handle, desc, a.get(), b.get(), d.get(), bucket, &status);
+  if (algos.size() >= kMaxCachedPlans) algos.clear();
+  algos.emplace(bucket, algo);
+  return algo;
+}
+
 // Descriptor, layouts and heuristic for `key`, built on first use by this thread (on the native path with
 // the first call's scale pointers set, as the heuristic query sees them).
 GemmPlan build_plan(cublasLtHandle_t handle, const BlockPlanKey& key, const BlockGemmArgs& g, const void* a_scales,
@@ -310,25 +349,31 @@ GemmPlan build_plan(cublasLtHandle_t handle, const BlockPlanKey& key, const Bloc
   plan.b_layout = make_matrix_layout<kOp>(fp8_cuda_type(g.a.format), key.chunk_k, key.M_pad, key.ld);
   plan.d_layout = make_matrix_layout<kOp>(CUDA_R_32F, key.N_pad, key.M_pad, key.N_pad);
 
-  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_d);
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int returned = 0;
+  // The algorithm of the key's power-of-two bucket of M_pad and (one GEMM over all of K) K_pad, where
+  // cublasLtMatmulAlgoCheck accepts it for these exact layouts (heuristic_shape.h); else the exact sizes'.
+  MaybeAlgo algo = bucket_algo(handle, key, g, desc);
+  if (algo.found) {
+    cublasLtMatmulHeuristicResult_t checked{};
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoCheck(handle, desc, plan.a_layout.get(), plan.b_layout.get(), plan.d_layout.get(),
+                                plan.d_layout.get(), &algo.algo, &checked);
+    algo.found = status == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= kWorkspaceBytes;
+  }
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (!algo.found) algo = query_heuristic(handle, desc, plan.a_layout.get(), plan.b_layout.get(), plan.d_layout.get(),
+                                          key, &status);
   // A configuration cuBLASLt cannot run comes back as NOT_SUPPORTED or as zero results: either way the
   // error says what was asked for, on which GPU and cuBLASLt.
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, plan.a_layout.get(), plan.b_layout.get(),
-                                                               plan.d_layout.get(), plan.d_layout.get(), pref.get(), 1,
-                                                               &heuristic, &returned);
-  if (status != CUBLAS_STATUS_SUCCESS || returned == 0) {
+  if (!algo.found) {
     throw std::runtime_error(
         std::string(kOp) + ": cuBLASLt " + cublaslt_version_string(cublasLtGetVersion()) + " found no algorithm (" +
-        cublasLtGetStatusName(status) + ", " + std::to_string(returned) + " results) for " +
+        cublasLtGetStatusName(status) + ") for " +
         block_gemm_recipe_name(g.recipe) + (native ? " with its block scale mode" : " as unit-scale FP8 GEMMs per K chunk") +
         " on " + gpu.text() + " with a " + format_name(g.a.format) + " [" + std::to_string(key.M_pad) + ", " +
         std::to_string(key.chunk_k) + "], b " + format_name(g.b.format) + " [" + std::to_string(key.N_pad) + ", " +
         std::to_string(key.chunk_k) + "] (padded, leading dimension " + std::to_string(key.ld) + ") and a float32 product");
   }
-  plan.algo = heuristic.algo;
+  plan.algo = algo.algo;
   return plan;
 }
 

@@ -25,13 +25,14 @@
 // (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES; it otherwise assumes 256 bytes
 // and may pick a kernel that faults on a 16-byte-aligned view), and the
 // descriptor, layouts and chosen algorithm are cached per configuration
-// (gemm_plan_cache.h).
+// (gemm_plan_cache.h), the heuristic asked once per power-of-two bucket of M and K
+// (heuristic_shape.h: the grouped GEMMs' per-expert sizes change every step).
 #include "gemm/gemm_cuda_kernels.cuh"
 
 #include <algorithm>
 #include <array>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -40,6 +41,7 @@
 #include "common/cuda_check.cuh"
 #include "gemm/cublaslt_helpers.h"
 #include "gemm/gemm_plan_cache.h"
+#include "gemm/heuristic_shape.h"
 
 namespace fp8mp::cuda {
 namespace {
@@ -171,8 +173,47 @@ void set_call_pointers(cublasLtMatmulDesc_t desc, const CallPointers& ptrs) {
   if (ptrs.bias != nullptr) set_attribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptrs.bias);
 }
 
-// Descriptor, layouts and heuristic for `key`, built on first use by this thread
-// (with the first call's pointers set, as the heuristic query sees them).
+// An algorithm, or none (nvcc 13's front end fails on a std::optional of cuBLASLt's algorithm struct).
+struct MaybeAlgo {
+  bool found;
+  cublasLtMatmulAlgo_t algo;
+};
+
+// The heuristic's first algorithm for `desc` over these layouts, or none when it has none.
+MaybeAlgo query_heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                                    cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                    cublasLtMatrixLayout_t d, const GemmPlanKey& key) {
+  // cuBLASLt's A is our b.
+  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_out);
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int returned = 0;
+  FP8MP_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref.get(), 1, &heuristic, &returned));
+  return {returned > 0, heuristic.algo};
+}
+
+// The algorithm of the power-of-two bucket of (M, K_pad) (heuristic_shape.h), asked about once per bucket and
+// thread, with the layouts of the bucket's sizes and the first call's descriptor; nothing when the heuristic
+// has none for the bucket.
+MaybeAlgo bucket_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                                const GemmPlanKey& key) {
+  GemmPlanKey bucket = key;
+  bucket.M = heuristic_extent(key.M);
+  bucket.K_pad = heuristic_extent(key.K_pad);
+  thread_local std::unordered_map<GemmPlanKey, MaybeAlgo, GemmPlanKeyHash> algos;
+  const auto found = algos.find(bucket);
+  if (found != algos.end()) return found->second;
+  const Layout a = make_layout(cudaDataType_t(key.b_type), bucket.K_pad, key.N_pad, bucket.K_pad);
+  const Layout b = make_layout(cudaDataType_t(key.a_type), bucket.K_pad, bucket.M, bucket.K_pad);
+  const Layout d = make_layout(cudaDataType_t(key.out_type), key.N_pad, bucket.M, key.N_pad);
+  const MaybeAlgo algo = query_heuristic(handle, desc, a.get(), b.get(), d.get(), bucket);
+  if (algos.size() >= 1024) algos.clear();
+  algos.emplace(bucket, algo);
+  return algo;
+}
+
+// Descriptor, layouts and algorithm for `key`, built on first use by this thread (with the first call's pointers
+// set, as the heuristic query sees them). The algorithm is the bucket's where cublasLtMatmulAlgoCheck accepts it
+// for these exact layouts within the workspace, else the heuristic's for the exact sizes.
 GemmPlan build_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallPointers& ptrs) {
   GemmPlan plan_{};
   cublasLtMatmulDesc_t raw_desc = nullptr;
@@ -192,22 +233,25 @@ GemmPlan build_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallP
   plan_.b_layout = make_layout(cudaDataType_t(key.a_type), key.K_pad, key.M, key.K_pad);
   plan_.d_layout = make_layout(cudaDataType_t(key.out_type), key.N_pad, key.M, key.N_pad);
 
-  // cuBLASLt's A is our b.
-  const Preference pref = make_preference<kOp>(uint64_t(kWorkspaceBytes), key.align_b, key.align_a, key.align_out);
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int returned = 0;
-  FP8MP_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(),
-                                                      plan_.d_layout.get(), plan_.d_layout.get(), pref.get(), 1,
-                                                      &heuristic, &returned));
-  if (returned == 0) {
+  MaybeAlgo algo = bucket_algo(handle, desc, key);
+  if (algo.found) {
+    cublasLtMatmulHeuristicResult_t checked{};
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoCheck(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(), plan_.d_layout.get(),
+                                plan_.d_layout.get(), &algo.algo, &checked);
+    algo.found = status == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= kWorkspaceBytes;
+  }
+  if (!algo.found) {
+    algo = query_heuristic(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(), plan_.d_layout.get(), key);
+  }
+  if (!algo.found) {
     throw std::runtime_error(std::string(kOp) + ": cuBLASLt found no algorithm for an FP8 GEMM with M=" +
                              std::to_string(key.M) + ", padded K=" + std::to_string(key.K_pad) + ", N=" +
                              std::to_string(key.N_pad) + ", bias epilogue " + std::to_string(key.epilogue_bias) +
                              ", operand alignments " + std::to_string(key.align_a) + "/" +
                              std::to_string(key.align_b) + "/" + std::to_string(key.align_out) + " bytes");
   }
-  plan_.algo = heuristic.algo;
+  plan_.algo = algo.algo;
   return plan_;
 }
 

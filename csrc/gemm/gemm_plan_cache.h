@@ -3,7 +3,9 @@
 // algorithm depend only on GemmPlanKey (shapes after padding, dtypes,
 // epilogue, accumulation mode, operand alignments, device), so rebuilding them
 // per call only costs host time (several microseconds of descriptor calls plus
-// a heuristic query, per GEMM, three GEMMs per Linear per step).
+// a heuristic query, per GEMM, three GEMMs per Linear per step). fp8_gemm asks the
+// heuristic once per power-of-two bucket of M and K (heuristic_shape.h) and checks
+// the bucket's algorithm against each exact key's layouts.
 //
 // The cache is thread-local: the pointers that change per call (scales, bias)
 // are set on the cached descriptor just before cublasLtMatmul, which reads it

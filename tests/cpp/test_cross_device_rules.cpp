@@ -18,6 +18,7 @@
 #include "common/device_support.h"
 #include "common/fp8_format.h"
 #include "float_bits.h"
+#include "gemm/heuristic_shape.h"
 #include "common/nan_keeping_scale.h"
 #include "norm/norm_cpu_kernels.h"
 #include "scale_update/scale_rule.h"
@@ -109,6 +110,23 @@ TEST_CASE("the block sizes select rowwise, DeepSeek-V3 or MXFP8, and anything el
   const auto both_128 = fp8mp::cuda::block_gemm_recipe(512, 128, 128, 128, false, false);
   REQUIRE_THAT(both_128.why_not, Catch::Contains("a_block_rows = 128, b_block_rows = 128, block_k = 128"));
   REQUIRE_FALSE(fp8mp::cuda::block_gemm_recipe(512, 1, 1, 32, true, false).why_not.empty());  // mixed scale dtypes
+}
+
+TEST_CASE("the cuBLASLt heuristic is asked about power-of-two sizes of at least 16", "[gemm_plan]") {
+  REQUIRE(fp8mp::heuristic_extent(1) == 16);
+  REQUIRE(fp8mp::heuristic_extent(16) == 16);
+  REQUIRE(fp8mp::heuristic_extent(17) == 32);
+  REQUIRE(fp8mp::heuristic_extent(128) == 128);
+  REQUIRE(fp8mp::heuristic_extent(129) == 256);
+  REQUIRE(fp8mp::heuristic_extent(5000) == 8192);
+  // A step's per-expert token counts from 1 to 4096 fall into 9 buckets: 9 heuristic queries, not 4096.
+  std::vector<int64_t> buckets;
+  for (int64_t m = 1; m <= 4096; ++m) {
+    const int64_t e = fp8mp::heuristic_extent(m);
+    REQUIRE((e >= m && e < 2 * m + 16));
+    if (buckets.empty() || buckets.back() != e) buckets.push_back(e);
+  }
+  REQUIRE(buckets.size() == 9);
 }
 
 TEST_CASE("a GPU without FP8 tensor cores has no block-scaled path, and the reason says what is needed",
