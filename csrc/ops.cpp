@@ -72,7 +72,8 @@ STABLE_TORCH_LIBRARY(fp8mp, m) {
 
   // Grouped FP8 GEMMs of mixture-of-experts layers (csrc/grouped_gemm/), tokens sorted by group and offs [G]
   // int32 the groups' cumulative ends (torch._grouped_mm's layout), checked: non-decreasing, ending at the token
-  // count. Grouped along M: a [M, K], b [G, N, K], b_scale_inv [G] (one scale per group's matrix), bias [G, N];
+  // count; on a's device, or on the CPU (a CUDA op then reads it without a device-to-host copy and sync).
+  // Grouped along M: a [M, K], b [G, N, K], b_scale_inv [G] (one scale per group's matrix), bias [G, N];
   // out [M, N], group g's rows = fp8_gemm(a's rows of g, a_scale_inv, b[g], b_scale_inv[g], bias[g]) bit for bit
   // on CPU. K and N multiples of 16.
   m.def(

@@ -20,8 +20,9 @@ GroupedGemmFormats check_operands(const Tensor& a, const Tensor& b, const char* 
 void check_offs(const Tensor& offs, const Tensor& a, const char* op) {
   FP8MP_CHECK(offs.scalar_type() == ScalarType::Int, op, ": argument 'offs' must be int32, got ",
               dtype_str(offs.scalar_type()));
-  FP8MP_CHECK(same_device(offs, a), op, ": argument 'offs' must be on the input's device ", device_str(a), ", got ",
-              device_str(offs));
+  // On the CPU beside a CUDA input too: host offsets spare the CUDA op its device-to-host copy and sync.
+  FP8MP_CHECK(same_device(offs, a) || offs.is_cpu(), op, ": argument 'offs' must be on the input's device ",
+              device_str(a), " or on the CPU, got ", device_str(offs));
   FP8MP_CHECK_VALUE(offs.dim() == 1 && offs.size(0) >= 1, op,
                     ": argument 'offs' must be 1-D [G] with G >= 1 (the groups' cumulative ends), got shape ",
                     shape_str(offs));

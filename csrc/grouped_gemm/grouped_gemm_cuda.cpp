@@ -1,6 +1,6 @@
 // CUDA glue of fp8_grouped_gemm, fp8_grouped_gemm_wgrad, block_scaled_grouped_gemm and its wgrad (stable ABI): argument
-// checks (offs read back to the host and checked there), device guard, output and scratch allocations on the
-// current stream, registration.
+// checks (offs read on the host, where a caller that has the group sizes there may pass it: no device sync),
+// device guard, output and scratch allocations on the current stream, registration.
 #include "grouped_gemm/grouped_gemm_cuda.h"
 
 #include <vector>
@@ -16,12 +16,14 @@ namespace {
 const uint8_t* codes(const Tensor& t) { return static_cast<const uint8_t*>(t.const_data_ptr()); }
 const float* floats(const Tensor& t) { return static_cast<const float*>(t.const_data_ptr()); }
 
-// offs read back to the host (the per-group launches need the group sizes there) and checked against `total`.
+// offs on the host (the per-group launches need the group sizes there), checked against `total`: read where it
+// lies when the caller passed it on the CPU, else copied back from the device, which waits for the stream.
 std::vector<int32_t> checked_host_offsets(const Tensor& offs, int64_t total, const char* total_name, const char* op,
                                           cudaStream_t stream) {
   const Tensor offs_c = as_contiguous(offs);
+  const int32_t* p = static_cast<const int32_t*>(offs_c.const_data_ptr());
   std::vector<int32_t> host =
-      cuda::read_group_offsets(static_cast<const int32_t*>(offs_c.const_data_ptr()), offs.size(0), stream);
+      offs.is_cpu() ? std::vector<int32_t>(p, p + offs.size(0)) : cuda::read_group_offsets(p, offs.size(0), stream);
   check_group_offsets(host.data(), offs.size(0), total, total_name, op);
   return host;
 }
