@@ -18,6 +18,7 @@
 #include "cuda_launch_stubs.h"
 #include "gemm/gemm_cuda.h"
 #include "grouped_gemm/grouped_gemm_cuda.h"
+#include "grouped_gemm/grouped_gemm_group_args.h"
 #include "norm/norm_cuda.h"
 #include "norm/norm_entry_points.h"
 #include "optim/optim_cuda.h"
@@ -81,7 +82,8 @@ TEST_CASE("dbias is torch's float32 column sum of x, and the cast beside it gets
           "[cuda_glue]") {
   stub::reset();
   // x [37, 21] as a transposed view of a [21, 37] tensor: not contiguous, so the glue hands the kernel a copy.
-  const Tensor base = floats({21, 37}, [](int64_t i) { return std::ldexp(float((i * 7919) % 201 - 100), int(i % 9) - 4); });
+  const Tensor base =
+      floats({21, 37}, [](int64_t i) { return std::ldexp(float((i * 7919) % 201 - 100), int(i % 9) - 4); });
   const Tensor x = torch::stable::transpose(base, 0, 1);
   REQUIRE_FALSE(x.is_contiguous());
   const Tensor scale = full({1}, 2.0f);
@@ -361,4 +363,89 @@ TEST_CASE("column_sum_fp32 sums the columns of a float32 x as fp64 does, to fp32
     REQUIRE(std::fabs(double(static_cast<const float*>(s.const_data_ptr())[col]) - sum) <=
             1000.0 * std::ldexp(1.0, -24) * sum_abs);
   }
+}
+
+// The per-group arguments the grouped launches feed to fp8_gemm / block_scaled_gemm (grouped_gemm_group_args.h),
+// against the schema's layouts: group g is rows offs[g - 1]:offs[g] of a and out, b[g], b_scale_inv[g], bias[g].
+TEST_CASE("each M-grouped GEMM gets its group's rows of a and out, its matrix, scale and bias", "[cuda_glue]") {
+  namespace grouped = fp8mp::cuda::grouped;
+  const int64_t M = 10, K = 32, N = 16, G = 3;
+  const std::vector<int32_t> offs{4, 4, 10};
+  std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(G * N * K));
+  std::vector<float> sa(1), sb(static_cast<size_t>(G));
+  std::vector<uint16_t> bias(static_cast<size_t>(G * N)), out(static_cast<size_t>(M * N));  // bfloat16
+  const fp8mp::cuda::Fp8GroupedGemmArgs args{a.data(), Fp8Format::E4M3, b.data(), Fp8Format::E4M3, offs.data(), G, N,
+                                             K, sa.data(), sb.data(), bias.data(), out.data(), HpType::BFloat16, true};
+  const fp8mp::cuda::Fp8GemmArgs g2 = grouped::group_args(args, 2, 4, 10);
+  REQUIRE((g2.M == 6 && g2.N == N && g2.K == K && g2.use_fast_accum));
+  REQUIRE((g2.a == &a[size_t(4 * K)] && g2.b == &b[size_t(2 * N * K)]));
+  REQUIRE((g2.a_scale_inv == &sa[0] && g2.b_scale_inv == &sb[2]));
+  REQUIRE((g2.bias == &bias[size_t(2 * N)] && g2.out == &out[size_t(4 * N)]));
+}
+
+TEST_CASE("each M-grouped block-scaled GEMM gets its group's rows of a with their scales, and b[g] with its scales",
+          "[cuda_glue]") {
+  namespace grouped = fp8mp::cuda::grouped;
+  using fp8mp::cuda::BlockGemmOperand;
+  const int64_t M = 10, K = 256, N = 128, G = 2;
+  const std::vector<int32_t> offs{6, 10};
+  std::vector<uint8_t> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(G * N * K));
+  std::vector<float> out(static_cast<size_t>(M * N)), bias(static_cast<size_t>(G * N));
+  SECTION("DeepSeek-V3: 1 x 128 blocks on a, 128 x 128 on b, float32 scales") {
+    const int64_t chunks = K / 128, b_row_blocks = N / 128;
+    std::vector<float> sa(static_cast<size_t>(M * chunks)), sb(static_cast<size_t>(G * b_row_blocks * chunks));
+    const fp8mp::cuda::BlockScaledGroupedGemmArgs args{
+        fp8mp::BlockGemmRecipe::DeepSeek,
+        BlockGemmOperand{a.data(), Fp8Format::E4M3, sa.data(), M, 1, fp8mp::LtScaleLayout::Vec128},
+        BlockGemmOperand{b.data(), Fp8Format::E4M3, sb.data(), N, 128, fp8mp::LtScaleLayout::Blk128x128},
+        offs.data(), G, N, K, 128, bias.data(), out.data(), HpType::Float32};
+    const fp8mp::cuda::BlockGemmArgs g1 = grouped::block_group_args(args, 1, 6, 10);
+    REQUIRE((g1.a.rows == 4 && g1.a.data == &a[size_t(6 * K)] && g1.a.scale_inv == &sa[size_t(6 * chunks)]));
+    REQUIRE((g1.b.rows == N && g1.b.data == &b[size_t(N * K)] && g1.b.scale_inv == &sb[size_t(b_row_blocks * chunks)]));
+    REQUIRE((g1.bias == &bias[size_t(N)] && g1.out == &out[size_t(6 * N)] && g1.K == K && g1.block_k == 128));
+  }
+  SECTION("MXFP8: 1 x 32 blocks on both, one E8M0 byte a scale") {
+    const int64_t chunks = K / 32;
+    std::vector<uint8_t> sa(static_cast<size_t>(M * chunks)), sb(static_cast<size_t>(G * N * chunks));
+    const fp8mp::cuda::BlockScaledGroupedGemmArgs args{
+        fp8mp::BlockGemmRecipe::Mxfp8,
+        BlockGemmOperand{a.data(), Fp8Format::E4M3, sa.data(), M, 1, fp8mp::LtScaleLayout::Vec32Swizzled},
+        BlockGemmOperand{b.data(), Fp8Format::E4M3, sb.data(), N, 1, fp8mp::LtScaleLayout::Vec32Swizzled},
+        offs.data(), G, N, K, 32, nullptr, out.data(), HpType::Float32};
+    const fp8mp::cuda::BlockGemmArgs g1 = grouped::block_group_args(args, 1, 6, 10);
+    REQUIRE((g1.a.scale_inv == &sa[size_t(6 * chunks)] && g1.b.scale_inv == &sb[size_t(N * chunks)]));
+    REQUIRE(g1.bias == nullptr);
+  }
+}
+
+TEST_CASE("the K-grouped GEMMs write group g's [N, K] block of out and pack the widest group in their scratch",
+          "[cuda_glue]") {
+  namespace grouped = fp8mp::cuda::grouped;
+  const int64_t N = 16, K = 32, T = 10, G = 3;
+  const std::vector<int32_t> offs{3, 3, 10};
+  REQUIRE(grouped::widest_group(offs.data(), G) == 7);
+  std::vector<uint8_t> a(static_cast<size_t>(N * T)), b(static_cast<size_t>(K * T)), a_group(1), b_group(1);
+  std::vector<float> s(1), out(static_cast<size_t>(G * N * K));
+  const fp8mp::cuda::Fp8GroupedGemmWgradArgs args{a.data(), Fp8Format::E5M2, b.data(), Fp8Format::E4M3, offs.data(),
+                                                  G, N, K, T, s.data(), s.data(), out.data(), HpType::Float32, false};
+  const fp8mp::cuda::Fp8GemmArgs g2 = grouped::wgrad_group_args(args, 2, 7, a_group.data(), b_group.data());
+  REQUIRE((g2.M == N && g2.N == K && g2.K == 7 && g2.a == a_group.data() && g2.b == b_group.data()));
+  REQUIRE(g2.out == &out[size_t(2 * N * K)]);
+
+  // Block-scaled, 128-column chunks: the packed a [N, 7], b [K, 7] and their one chunk of scales each, 256-aligned.
+  std::vector<float> sa(static_cast<size_t>(N * 2)), sb(static_cast<size_t>(K * 2));
+  const fp8mp::cuda::BlockScaledGroupedGemmWgradArgs bargs{
+      fp8mp::BlockGemmRecipe::Rowwise,
+      fp8mp::cuda::BlockGemmOperand{a.data(), Fp8Format::E4M3, sa.data(), N, 1, fp8mp::LtScaleLayout::OuterVec},
+      fp8mp::cuda::BlockGemmOperand{b.data(), Fp8Format::E4M3, sb.data(), K, 1, fp8mp::LtScaleLayout::OuterVec},
+      offs.data(), G, N, K, T, 2, 128, out.data(), HpType::Float32};
+  alignas(256) static uint8_t scratch[4096];
+  const grouped::BlockWgradScratch layout = grouped::block_wgrad_scratch(bargs, scratch);
+  REQUIRE((layout.a_group == scratch && layout.b_group == scratch + 256));  // N * 7 = 112 bytes, rounded up
+  REQUIRE((layout.a_scales == scratch + 512 && layout.b_scales == scratch + 768));  // 16 and 32 floats of one chunk
+  REQUIRE((layout.bytes == 1024 && layout.gemm == scratch + 1024));
+  const fp8mp::cuda::BlockGemmArgs bg = grouped::block_wgrad_group_args(bargs, 1, 7, layout.a_group, layout.a_scales,
+                                                                         layout.b_group, layout.b_scales);
+  REQUIRE((bg.K == 7 && bg.a.data == layout.a_group && bg.b.scale_inv == layout.b_scales));
+  REQUIRE(bg.out == &out[size_t(N * K)]);
 }
