@@ -92,8 +92,9 @@ def transpose_experts(t: torch.Tensor) -> torch.Tensor:
 
 
 def group_sums(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """[E, N] float32: the sum of t's rows of each group (zeros for an empty group), in a fixed order."""
-    lengths = torch.diff(offs.long(), prepend=offs.new_zeros(1, dtype=torch.long))
+    """[E, N] float32: the sum of t's rows of each group (zeros for an empty group), in a fixed order. `offs` may
+    lie on the CPU beside a CUDA `t` (its lengths are copied over without waiting on the device)."""
+    lengths = torch.diff(offs.long(), prepend=offs.new_zeros(1, dtype=torch.long)).to(t.device, non_blocking=True)
     return torch.segment_reduce(t.float(), "sum", lengths=lengths, axis=0, initial=0)
 
 
@@ -135,6 +136,8 @@ class Fp8GroupedLinearFunction(torch.autograd.Function):
         fprop_w, dgrad_w = (w_fp8_t, w_fp8) if weight_in_out else (w_fp8, w_fp8_t)
         del w_fp8, w_fp8_t
         out_bias = bias.to(out_dtype) if bias is not None else None
+        # The GEMMs read the offsets on the host: a device offs is copied over once here, not in each of the three.
+        offs = offs.cpu()
         out = fp8_grouped_gemm(x_fp8, x_scale_inv, fprop_w, w_scale_inv, offs, out_bias, out_dtype, fast_accum[0])
         ctx.save_for_backward(x_fp8_t, x_scale_inv, dgrad_w, w_scale_inv, offs)
         ctx.weight_in_out = weight_in_out
@@ -178,7 +181,8 @@ def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor
     Args:
         x: [T, K] float32/bfloat16/float16, rows sorted by expert.
         weight: [E, N, K] (nn.Linear's layout per expert), or [E, K, N] with `weight_in_out`.
-        offs: [E] int32 on x's device, the experts' cumulative row ends (non-decreasing, offs[-1] == T).
+        offs: [E] int32 on x's device or on the CPU, the experts' cumulative row ends (non-decreasing,
+            offs[-1] == T); on the CPU, a CUDA step reads them with no device-to-host copy.
         bias: optional [E, N].
     Returns:
         [T, N] of x's dtype. K and N must be multiples of 16.
@@ -330,6 +334,7 @@ def meta_grouped_linear(meta: Fp8Meta, x2d: torch.Tensor, weight: torch.Tensor, 
     recipe = meta.recipe
     if isinstance(recipe, BlockRecipe):
         formats = (meta.format_of(INPUT), meta.format_of(GRAD))
+        offs = offs.cpu()  # the GEMMs read it on the host (one copy of a device offs, not one a GEMM)
         sizes = group_sizes_of(offs) if sizes is None else sizes
         return BlockGroupedLinearFunction.apply(x2d, weight, bias, offs, sizes, recipe, formats, weight_in_out,
                                                 output_dtype(x2d))

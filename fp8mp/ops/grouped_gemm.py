@@ -49,8 +49,9 @@ def _check_operands(a, b, offs, out_dtype, op: str) -> None:
 def _check_offs(offs, a, op: str) -> None:
     _require(offs.dtype == torch.int32, RuntimeError,
              f"{op}: argument 'offs' must be int32, got {checks.dtype_name(offs.dtype)}")
-    _require(offs.device == a.device, RuntimeError,
-             f"{op}: argument 'offs' must be on the input's device {a.device}, got {offs.device}")
+    # On the CPU beside a CUDA input too: host offsets spare the CUDA op a device-to-host copy and sync.
+    _require(offs.device == a.device or offs.device.type == "cpu", RuntimeError,
+             f"{op}: argument 'offs' must be on the input's device {a.device} or on the CPU, got {offs.device}")
     _require(offs.dim() == 1 and offs.shape[0] >= 1, ValueError,
              f"{op}: argument 'offs' must be 1-D [G] with G >= 1 (the groups' cumulative ends), got shape {sizes(offs)}")
 
@@ -217,8 +218,9 @@ def fp8_grouped_gemm(
         a_scale_inv: 1-element float32 tensor on a's device.
         b: [G, N, K] float8 (one [N, K] matrix per group, nn.Linear's layout); a and b cannot both be E5M2.
         b_scale_inv: [G] float32 on a's device, one inverse scale per group's matrix.
-        offs: [G] int32 on a's device, the groups' cumulative ends: non-decreasing, offs[-1] == M. Empty groups
-            (equal consecutive offsets) are allowed.
+        offs: [G] int32 on a's device or on the CPU, the groups' cumulative ends: non-decreasing, offs[-1] == M.
+            Empty groups (equal consecutive offsets) are allowed. On the CPU beside CUDA operands they are read
+            there, which spares the CUDA op a device-to-host copy and stream sync.
         bias: optional [G, N] of dtype `out_dtype`, group g's row added to its rows in fp32 before the rounding.
         out_dtype: torch.float32, torch.bfloat16 or torch.float16.
         use_fast_accum: as in :func:`fp8mp.ops.fp8_gemm` (CUDA only).
@@ -248,7 +250,7 @@ def fp8_grouped_gemm_wgrad(
     Args:
         a: [N, T] float8; b: [K, T] float8, not both E5M2.
         a_scale_inv, b_scale_inv: 1-element float32 tensors on a's device (scale = a_scale_inv * b_scale_inv).
-        offs: [G] int32 on a's device.
+        offs: [G] int32 on a's device or on the CPU (as in :func:`fp8_grouped_gemm`).
         out_dtype: torch.float32, torch.bfloat16 or torch.float16.
         use_fast_accum: as in :func:`fp8mp.ops.fp8_gemm` (CUDA only).
 
