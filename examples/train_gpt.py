@@ -1,6 +1,6 @@
 """Train one small GPT three times -- FP8, BF16, FP32 -- with the same seed and batches, and compare.
 
-    python examples/train_gpt.py            # the `make demo` run (about 5 minutes on 2 CPU cores)
+    python examples/train_gpt.py            # the `make demo` run (3-4 minutes on 2 CPU cores, AVX2-only ones too)
     python examples/train_gpt.py --quick    # a smaller model, under a minute
     python examples/train_gpt.py --peer torchao --seeds 5   # FP8 runs vs torchao's per seed, vs BF16 over 5 seeds
     python examples/train_gpt.py --device cuda --steps 50   # on a GPU (peak GPU memory per run in the table)
