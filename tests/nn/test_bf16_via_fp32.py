@@ -182,7 +182,7 @@ def test_off_when_asked_and_by_default_where_the_cpu_has_bf16_units():
 def test_on_only_in_its_thread_and_block_and_no_global_state_changes():
     before = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.get_default_dtype(),
               torch.get_num_threads(), torch.backends.mkldnn.enabled)
-    inside, outside = threading.Barrier(2), threading.Barrier(2)
+    inside, outside = threading.Barrier(2, timeout=120), threading.Barrier(2, timeout=120)  # a failure never hangs
     seen = {}
 
     def other_thread():
