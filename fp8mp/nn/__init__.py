@@ -1,6 +1,7 @@
 """Layer 3, modules: drop-in torch.nn modules, the autograd functions only they use, FP8 weight
 storage, LoRA and convert/unconvert. May import fp8mp.ops and fp8mp.scaling, never fp8mp.training."""
 from fp8mp.nn import fp8_state_dict, lora
+from fp8mp.nn.bf16_via_fp32 import bf16_matmul_via_fp32, cpu_has_bf16_matmul_units
 from fp8mp.nn.chunked_cross_entropy import chunked_linear_cross_entropy
 from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.embedding_grad_rows import embedding_grad_in_row_blocks, restore_embedding_grad
@@ -20,4 +21,4 @@ from fp8mp.nn.normalization import LayerNorm, RMSNorm
 __all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
            "fp8_model_init", "Fp8FrozenWeight", "store_frozen_weights_in_fp8", "decode_frozen_weights", "tensor_bytes", "lora", "fp8_state_dict", "load_state_dict",
            "chunked_linear_cross_entropy", "embedding_grad_in_row_blocks", "restore_embedding_grad", "fp8_recompute", "Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather",
-           "precompute_fp8_weight_scales"]
+           "precompute_fp8_weight_scales", "bf16_matmul_via_fp32", "cpu_has_bf16_matmul_units"]
