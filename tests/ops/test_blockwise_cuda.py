@@ -177,19 +177,31 @@ def _quantized_operands(name, M, N, K, seed, a_scale=1.0):
     return (qa, sa, qb, sb, a_block_rows, b_block_rows, block_k)
 
 
-def _abs_product_sum(qa, sa, qb, sb, a_block_rows, b_block_rows, block_k):
-    """sum over k of |a_k| |b_k| with their scales (float64): what bounds the rounding of any summation order."""
+def _dequantized(qa, sa, qb, sb, a_block_rows, b_block_rows, block_k):
+    """float64 values of both operands with their scales expanded over their blocks: the exact products."""
     from blockwise_reference import decode_scale
 
-    M, K = qa.shape
-    N = qb.shape[0]
-    a64, b64 = qa.float().double().abs(), qb.float().double().abs()
-    sa_rows = decode_scale(sa).double().abs().repeat_interleave(a_block_rows, 0)[:M]
-    sb_rows = decode_scale(sb).double().abs().repeat_interleave(b_block_rows, 0)[:N]
-    total = torch.zeros(M, N, dtype=torch.float64)
-    for c, k0 in enumerate(range(0, K, block_k)):
-        total += (a64[:, k0:k0 + block_k] @ b64[:, k0:k0 + block_k].T) * (sa_rows[:, c:c + 1] * sb_rows[:, c])
-    return total
+    def values(q, s, block_rows):
+        rows, cols = q.shape
+        scale = decode_scale(s).double().repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_k, 1)[:, :cols]
+        return q.float().double() * scale
+
+    return values(qa, sa, a_block_rows), values(qb, sb, b_block_rows)
+
+
+def _assert_within_tensor_core_bound(gpu, operands, bias, out_dtype):
+    """The GPU's block-scaled GEMM against the float64 GEMM of the dequantized operands, within the FP8 tensor
+    cores' bound (tests/gemm_reference.py: about 14 significant bits in an MMA's partial sums, DeepSeek-V3 section
+    3.3.2), the accumulator promoted to fp32 every K block (where its scales apply), the bias added in fp32."""
+    from gemm_reference import assert_within_tensor_core_bound, tensor_core_bound
+
+    a64, b64 = _dequantized(*operands)
+    ref64 = a64 @ b64.T
+    bound = tensor_core_bound(a64, b64, promote_every=operands[-1])
+    if bias is not None:
+        ref64 = ref64 + bias.double()
+        bound = bound + 2.0 ** -24 * (ref64.abs() + bound)
+    assert_within_tensor_core_bound(gpu, ref64, bound, out_dtype)
 
 
 def _gpu_can_run(name) -> bool:
@@ -209,14 +221,12 @@ def block_gemm_path(request, monkeypatch):
 @pytest.mark.parametrize("name", list(GEMM_RECIPES))
 def test_cuda_block_scaled_gemm_matches_the_cpu_emulation(name, with_bias, out_dtype, block_gemm_path):
     """Tolerance from the arithmetic: both devices multiply the FP8 values exactly and apply the same two
-    scales per K chunk; only the order (and, in the tensor cores, the width) of the fp32 additions differs.
-    A sum of K terms in any order with every partial sum kept to p bits is off by at most
-    K * 2^-p * sum|terms|; Hopper's FP8 MMA keeps about 14 bits between promotions (DeepSeek-V3, section
-    3.3.2), so |gpu - cpu| <= 2^-14 * K * sum_k |a_k b_k| (scales included) before the output's rounding,
-    which may differ by one unit in the last place of out_dtype where the two sums straddle a rounding
-    boundary. Both devices add the bias in fp32 and round once (the GPU's product is fp32 on every path), so
-    a 16-bit output with a bias gets no more slack. A scale applied to the wrong row, block or chunk is off
-    by a power of two or more."""
+    scales per K chunk; only the order and, in the tensor cores, the width of the additions differ. The GPU's
+    result lies within the FP8 tensor cores' bound of the float64 GEMM of the dequantized operands
+    (gemm_reference.tensor_core_bound: about 14 significant bits in an MMA's partial sums, DeepSeek-V3 section
+    3.3.2; promoted to fp32 every K block, where the scales apply), plus one unit of out_dtype's rounding. Both
+    devices add the bias in fp32 and round once. A scale applied to the wrong row, block or chunk is off by a
+    power of two or more."""
     M, N, K = 70, 200, 300  # none a multiple of 16, 32 or 128: every padding path
     # float16 outputs: a scaled down so that no output comes near float16's 65504 (an overflow on one
     # device and 65504 on the other would be an infinite difference).
@@ -233,24 +243,25 @@ def test_cuda_block_scaled_gemm_matches_the_cpu_emulation(name, with_bias, out_d
         return
     gpu = call().cpu()
     assert gpu.dtype == out_dtype and gpu.shape == (M, N)
-    bound = _abs_product_sum(*operands) * (K * 2.0 ** -14)
-    eps = torch.finfo(out_dtype).eps
-    ulp = eps * cpu.double().abs()
-    err = (gpu.double() - cpu.double()).abs()
-    assert (err <= bound + ulp + torch.finfo(out_dtype).tiny).all(), (err - bound - ulp).max()
-    # The bound is a worst case (here about 14% of a typical output); the typical error is far smaller:
-    # 14-bit partial sums over K = 300 leave about 60 dB, a bf16 output's rounding about 55 dB. 45 dB
-    # catches what the bound would let through, such as one K chunk's scale off by a small factor.
+    _assert_within_tensor_core_bound(gpu, operands, bias, out_dtype)
+    # The bound is a worst case; the typical error is far smaller: 14-bit partial sums over K = 300 leave
+    # about 60 dB, a bf16 output's rounding about 55 dB. 45 dB against the CPU catches what the bound would
+    # let through, such as one K chunk's scale off by a small factor.
     sqnr = 20 * torch.log10(cpu.double().norm() / (gpu.double() - cpu.double()).norm().clamp_min(1e-300))
     assert sqnr > 45, sqnr
 
 
 def _exact_operands(name, M, N, K, seed):
-    """Operands whose every K chunk sums exactly in fp32 in any order: integers |i| <= 8 times a power of two
-    per 128-row block, so that each quantization block's codes are multiples of one power of two spanning at
-    most 2^8 (an FP8 code with its 3 or 2 mantissa bits), and a chunk's partial sums need at most about 20
-    significant bits. Then the GPU's chunk sums equal the CPU's bit for bit, and what is left to compare is
-    how the chunks' sums and scales are combined."""
+    """Operands whose every partial sum is exact in the FP8 tensor cores' accumulator (about 14 significant bits,
+    DeepSeek-V3 section 3.3.2) as well as in fp32, in any order. Each value is a small integer times a power of
+    two per 128-row block, and every 32nd column holds +-7 of that power: every quantization tile (whose columns
+    start at a multiple of 32) then has amax 7 * 2^e, which every scale mode maps to the power of two
+    (fp32 and pow2: 448 / 7 = 64; e8m0: 2^(2 - 8)), so the E4M3 codes are 64 * i (E5M2: 8192 * i), |i| <= 7.
+    The products are multiples of one unit, and a chunk's sum of |products| is at most
+    (K / 32) * 49 + K * 4 units (the markers, then |i| <= 2 elsewhere): 1650 for K = 300, under 2^12, so no partial
+    sum, accumulator included, needs more than 12 significant bits and the tensor cores drop none. Then the GPU's
+    chunk sums equal the CPU's bit for bit, and what is left to compare is how the chunks' sums and scales are
+    combined."""
     (a_rows, a_k), (b_rows, b_k), a_block_rows, b_block_rows, mode, (fa, fb) = GEMM_RECIPES[name]
     block_k = a_k or K
     g = torch.Generator().manual_seed(seed)
@@ -258,11 +269,17 @@ def _exact_operands(name, M, N, K, seed):
     def operand(rows):
         blocks = -(-rows // 128)
         exponents = torch.randint(-5, 6, (blocks, 1), generator=g).float().repeat_interleave(128, 0)[:rows]
-        return torch.randint(-8, 9, (rows, K), generator=g).float() * torch.exp2(exponents)
+        values = torch.randint(-2, 3, (rows, K), generator=g).float()
+        values[:, ::32] = 7 * (torch.randint(0, 2, (rows, values[:, ::32].shape[1]), generator=g).float() * 2 - 1)
+        return values * torch.exp2(exponents)
 
     a, b = operand(M), operand(N)
     qa, sa = block_quantize(a, a_rows, block_k, fa, mode)
     qb, sb = block_quantize(b, b_rows, block_k, fb, mode)
+    units = {torch.float8_e4m3fn: 64, torch.float8_e5m2: 8192}
+    for q in (qa, qb):  # the codes are the small integers the bound above counts
+        codes = q.float() / units[q.dtype]
+        assert torch.equal(codes, codes.round()) and codes.abs().max() == 7
     return qa, sa, qb, sb, a_block_rows, b_block_rows, block_k
 
 
@@ -299,8 +316,8 @@ def test_cuda_deepseek_gemm_takes_any_number_of_rows(name, M, block_gemm_path):
     if block_gemm_path == "chunked":
         assert torch.equal(bits(gpu), bits(cpu))
     else:
-        bound = _abs_product_sum(qa, sa, qb, sb, a_block_rows, b_block_rows, block_k) * (K * 2.0 ** -14)
-        assert ((gpu.double() - cpu.double()).abs() <= bound + torch.finfo(torch.float32).eps * cpu.double().abs()).all()
+        _assert_within_tensor_core_bound(gpu, (qa, sa, qb, sb, a_block_rows, b_block_rows, block_k), None,
+                                         torch.float32)
 
 
 @needs_cuda
