@@ -108,9 +108,14 @@ EVERY_LEVER_TOTAL_GOAL, EVERY_LEVER_STATE_GOAL, EVERY_LEVER_SAVED_GOAL = 0.33, 4
 
 
 def _torchao_optimizer(name: str, **kwargs):
-    import torchao.optim
+    """A maker of torchao's optimizer `name`; torchao is imported only when a run asks for it (the GPU check's
+    machine has none, and this module's other runs must not need it)."""
 
     def make(params):
+        try:
+            import torchao.optim
+        except ImportError as error:
+            raise RunUnavailable(f"torchao is not installed ({error})") from None
         # torchao's optimizers take the learning rate as a tensor (an LR schedule then fills it in place).
         return getattr(torchao.optim, name)(params, lr=torch.tensor(LR), bf16_stochastic_round=True, **kwargs)
 

@@ -17,7 +17,8 @@
 # module the GPU machine is not sure to hold made unimportable (benchmarks/gpu_image_imports.py: torchao, transformers, ...), fails on
 # a collection error, on a file collecting fewer tests than it holds, on a CUDA test file missing from the
 # plan and on a file whose limit is short of its tests; then runs every benchmark step's command on the CPU
-# at tiny sizes, so that a flag or a JSON write that would fail on the GPU fails here first.
+# at tiny sizes, under the same imports (benchmarks/gpu_image/sitecustomize.py on PYTHONPATH, child processes
+# included), so that a flag, an import or a JSON write that would fail on the GPU fails here first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -241,6 +242,12 @@ run_step() {
         | tee "$STEP_OUTPUT"
       rc=${PIPESTATUS[0]}
     fi
+  elif (( DRY_RUN )); then  # every benchmark and example under the GPU machine's imports, child processes too
+    local also=""
+    [[ $name == gpt_loss_check ]] && also=matplotlib  # the GPT report's plots: carried (docs/gpu_check.md)
+    PYTHONPATH=$PWD/benchmarks/gpu_image:$PYTHONPATH GPU_IMAGE_ALSO=$also \
+      timeout --kill-after=5 "$limit" bash -c "$(declare -f "step_$name"); step_$name" 2>&1 | tee "$STEP_OUTPUT"
+    rc=${PIPESTATUS[0]}
   else
     timeout --kill-after=5 "$limit" bash -c "$(declare -f "step_$name"); step_$name" 2>&1 | tee "$STEP_OUTPUT"
     rc=${PIPESTATUS[0]}

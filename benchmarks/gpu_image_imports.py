@@ -1,6 +1,10 @@
 """A pytest plugin that lets a test run import only what the GPU check's machine is sure to hold.
 
     python -m pytest -p gpu_image_imports ...      # with benchmarks/ on PYTHONPATH (gpu_check.sh --dry-run)
+    PYTHONPATH=benchmarks/gpu_image python ...      # any command and its child processes (its sitecustomize.py)
+
+GPU_IMAGE_ALSO="matplotlib,..." adds distributions a step documents as carried to the GPU machine
+(docs/gpu_check.md: matplotlib for the GPT step's report).
 
 The lent GPU machine has torch and no network, and no torchao; what else it holds can change. fp8mp's
 promise there is its own requirements: the runtime dependencies and the `test` extra of pyproject.toml
@@ -14,6 +18,7 @@ benchmarks, examples) stay importable.
 from __future__ import annotations
 
 import importlib.abc
+import importlib.util
 import importlib.machinery
 import importlib.metadata
 import os
@@ -42,6 +47,7 @@ def promised_distributions(pyproject: str = os.path.join(ROOT, "pyproject.toml")
     with open(pyproject, "rb") as f:
         project = tomllib.load(f)["project"]
     wanted = [_requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
+    wanted += [_normalized(name) for name in os.environ.get("GPU_IMAGE_ALSO", "").split(",") if name.strip()]
     promised = {_normalized(project["name"])}  # fp8mp itself, where it is installed rather than built in place
     while wanted:
         name = wanted.pop()
@@ -86,6 +92,20 @@ class _Refuser(importlib.abc.MetaPathFinder):
 
 _refuser = _Refuser(promised_distributions())
 sys.meta_path.insert(0, _refuser)
+_find_spec = importlib.util.find_spec
+
+
+def _find_spec_of_the_gpu_image(name, package=None):
+    """importlib.util.find_spec as on the GPU machine: None for a refused module (torch asks so whether pandas or
+    dill exist, and imports them where they do)."""
+    top = importlib.util.resolve_name(name, package).partition(".")[0]
+    if top not in sys.modules and not _refuser.allowed(top):
+        _refuser.refused.add(top)
+        return None
+    return _find_spec(name, package)
+
+
+importlib.util.find_spec = _find_spec_of_the_gpu_image
 
 
 def pytest_report_header(config):
