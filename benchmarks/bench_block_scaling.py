@@ -8,12 +8,17 @@ backward needs them) vs the two block_quantize calls it replaces (the second on 
 
     python benchmarks/bench_block_scaling.py [--device cpu|cuda] [--sizes 512x1024x1024,2048x2048x2048]
 
-On CUDA every recipe here is one cuBLASLt takes on Hopper: rowwise (OUTER_VEC), DeepSeek-V3 1x128 / 128x128
-and MXFP8 (which needs a Blackwell GPU: elsewhere its cells say why it did not run).
+On CUDA each recipe's GEMM runs on the path csrc/blockwise/block_gemm_path.h picks, named in its row: native
+(one cuBLASLt call with its block scale mode: rowwise OUTER_VEC and DeepSeek-V3 VEC128 / BLK128x128 on Hopper,
+MXFP8 VEC32_UE8M0 on Blackwell) or chunked (one FP8 GEMM per K chunk of block_k, then the fold: MXFP8 on Hopper,
+K / 32 GEMMs). The chunked MXFP8 GEMM is timed only up to CHUNKED_MAX_MNK: at 8192^3 its 256 GEMMs of
+8192 x 8192 x 32 each write a 256 MiB fp32 chunk that the fold reads back, about 1 GiB of traffic a chunk, so
+about 0.1 s a call at Hopper's ~3 TB/s and over a second for its repetitions, past the GPU check's step limit.
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -29,6 +34,23 @@ RECIPES = {
     "block 128": (128, 128, "fp32"),
     "mxfp8 32": (32, 1, "e8m0_rceil"),
 }
+
+
+CHUNKED_MAX_MNK = 4096 ** 3  # the largest M * N * K whose chunked block-scaled GEMM is timed (see above)
+
+
+def gemm_path(name: str, K: int, device: str) -> tuple[str, int]:
+    """(path, GEMM calls) of a recipe's block_scaled_gemm: csrc/blockwise/block_gemm_path.h's choice, on a
+    cuBLASLt from CUDA 12.9 on (the GPU check's CUDA 13): native where the GPU has the block scale mode."""
+    block_k = RECIPES[name][0] or K
+    chunked = ("chunked", -(-K // block_k))
+    if device != "cuda":
+        return ("CPU emulation", 0)
+    if os.environ.get("FP8MP_BLOCK_GEMM_PATH") == "chunked":
+        return chunked
+    major = torch.cuda.get_device_capability()[0]
+    native = major in (10, 12) if name.startswith("mxfp8") else major == 9
+    return ("native", 1) if native else chunked
 
 
 def bench(M: int, K: int, N: int, device: str = "cpu") -> dict:
@@ -50,6 +72,8 @@ def bench(M: int, K: int, N: int, device: str = "cpu") -> dict:
     for name, (block_k, w_rows, mode) in RECIPES.items():
         bk, bk_t = block_k or K, block_k or M
         times = row["recipes"][name] = {}
+        path, calls = gemm_path(name, K, device)
+        times["gemm_path"], times["gemm_calls"] = path, calls
         try:  # a recipe this GPU has no kernel for (MXFP8's GEMM before Blackwell): its error, and the rest goes on
             times["quantize_s"] = median_time(lambda: block_quantize(x, 1, bk, "e4m3", mode), device)
             times["both_layouts_s"] = median_time(lambda: block_quantize_transpose(x, bk, bk_t, "e4m3", mode), device)
@@ -57,6 +81,9 @@ def bench(M: int, K: int, N: int, device: str = "cpu") -> dict:
                                                         block_quantize(x.t(), 1, bk_t, "e4m3", mode)), device)
             xq, sx = block_quantize(x, 1, bk, "e4m3", mode)
             wq, sw = block_quantize(w, w_rows, bk, "e4m3", mode)
+            if path == "chunked" and M * N * K > CHUNKED_MAX_MNK:
+                row["errors"][name] = f"GEMM not timed: chunked path, {calls} GEMMs a call, above {CHUNKED_MAX_MNK} MNK"
+                continue
             times["gemm_s"] = median_time(lambda: block_scaled_gemm(xq, sx, wq, sw, 1, w_rows, bk, None, torch.bfloat16),
                                           device)
         except (RuntimeError, NotImplementedError) as e:
@@ -71,13 +98,14 @@ def ratio(times: dict, key: str, baseline: float | None) -> str:
 def table(rows: list[dict], device: str) -> str:
     headers = ["M x K x N", "tensorwise quantize ms", "tensorwise GEMM ms"]
     for name in RECIPES:
-        headers += [f"{name} quantize x", f"{name} GEMM x", f"{name} both layouts vs 2 calls"]
+        headers += [f"{name} quantize x", f"{name} GEMM x (path, GEMMs)", f"{name} both layouts vs 2 calls"]
     cells = []
     for r in rows:
         row_cells = [r["shape"], f"{r['tensorwise_quantize_s'] * 1e3:.2f}", f"{r['tensorwise_gemm_s'] * 1e3:.2f}"]
         for name in RECIPES:
             t = r["recipes"][name]
-            row_cells += [ratio(t, "quantize_s", r["tensorwise_quantize_s"]), ratio(t, "gemm_s", r["tensorwise_gemm_s"]),
+            gemm = f"{ratio(t, 'gemm_s', r['tensorwise_gemm_s'])} ({t['gemm_path']}, {t['gemm_calls']})"
+            row_cells += [ratio(t, "quantize_s", r["tensorwise_quantize_s"]), gemm,
                           ratio(t, "both_layouts_s", t.get("two_calls_s"))]
         cells.append(row_cells)
     text = markdown_table(f"fine-grained recipes relative to tensorwise, {where(device)}", headers, cells)

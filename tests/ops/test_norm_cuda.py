@@ -6,7 +6,7 @@ import torch
 
 import fp8mp
 from fp8_reference import torch_reference_bits
-from norm_reference import (DTYPES, EPS32, FORMATS, assert_grad_close, check_forward,
+from norm_reference import (BACKWARD_CASES, DTYPES, EPS32, FORMATS, MANTISSA_BITS, assert_grad_close, check_forward,
                             make_params, make_rows, ours_grads, torch_grads)
 
 
@@ -91,3 +91,40 @@ def test_cuda_opcheck_and_device_errors():
         torch.ops.fp8mp.layernorm_fwd(x, torch.ones(64), None, 1e-5, False)
     with pytest.raises(RuntimeError, match="'rstd' must be on the input's device"):
         torch.ops.fp8mp.rmsnorm_bwd(x, x, rstd.cpu(), None, False)
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("norm,case", BACKWARD_CASES)
+def test_cuda_backward_every_case_and_dtype_matches_torch_float64(norm, case, dtype):
+    """The CUDA backward kernels' instantiations the fp32 test above does not reach: bf16 / fp16 x, dy and weight,
+    zero_centered_gamma, no weight (RMSNorm and LayerNorm), no bias, bias only. Against torch's float64 autograd,
+    to the bound the CPU kernels are held to (tests/ops/test_norm_backward.py): both devices sum in fp32, so the
+    error is fp32's over the row (2e-5 of the largest gradient or summed term) or the output's rounding
+    (2^-mantissa bits of a 16-bit type)."""
+    hidden = 1000  # not a multiple of the kernels' vector width: the tails too
+    x = make_rows("random", (67, hidden), torch.float32, seed=hidden).to(dtype)
+    go = make_rows("random", (67, hidden), torch.float32, seed=hidden + 7).to(dtype)
+    w, b = make_params(hidden, "zero_centered" if case == "zero_centered" else "affine", dtype)
+    if case == "no_bias":
+        b = None
+    if case == "none":
+        w, b = None, None
+    if case == "bias_only":
+        w = None
+    if norm == "rmsnorm":
+        b = None
+    zc = case == "zero_centered"
+    ref = torch_grads(x, w, b, go, hidden, zc, norm, 1e-5)
+    cuda = lambda t: None if t is None else t.cuda()  # noqa: E731
+    ours = ours_grads(cuda(x), cuda(w), cuda(b), cuda(go), zc, norm, 1e-5)
+    g = torch.ones(hidden) if w is None else (w.double() + 1 if zc else w.double())
+    x64 = x.double()
+    rstd64 = 1 / ((x64.var(-1, unbiased=False) if norm == "layernorm" else x64.square().mean(-1)) + 1e-5).sqrt()
+    term = (go.double().abs() * g.abs() * rstd64.unsqueeze(-1)).max().item()
+    rel = 2e-5 if dtype == torch.float32 else 2.0 ** -MANTISSA_BITS[dtype]
+    for name, o, r in zip(("x", "weight", "bias"), ours, ref):
+        if r is not None:
+            assert o is not None and o.is_cuda and o.dtype == dtype, name
+            assert_grad_close(o.cpu(), r, f"grad {name}", rel, term if name == "x" else 0.0)
