@@ -401,10 +401,13 @@ def test_param_device_mismatch_is_named():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("op", ["adamw", "lion"])
 @pytest.mark.parametrize("state_dtype", STATE_DTYPES)
-@pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
-def test_cuda_writes_the_cpus_bits(op, state_dtype, param_dtype):
-    """The same steps on both devices give the same bits: parameter (stochastic rounding included), states, scales."""
-    cpu_args = op_args(op, param_dtype, param_dtype, state_dtype, True, numel=100_000)
+@pytest.mark.parametrize("param_dtype,grad_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                    (torch.bfloat16, torch.float32)], ids=["fp32", "bf16", "bf16-fp32grad"])
+def test_cuda_writes_the_cpus_bits(op, state_dtype, param_dtype, grad_dtype):
+    """The same steps on both devices give the same bits: parameter (stochastic rounding included), states, scales;
+    bf16 parameters with fp32 gradients too (their own kernel instantiation). Then a step with found_inf = 1 (the
+    skip path) changes no bit on either device, the step count included."""
+    cpu_args = op_args(op, param_dtype, grad_dtype, state_dtype, True, numel=100_000)
     cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in cpu_args)
     fn = getattr(torch.ops.fp8mp, f"{op}_step")
     for _ in range(3):
@@ -413,3 +416,12 @@ def test_cuda_writes_the_cpus_bits(op, state_dtype, param_dtype):
     for a, b in zip(cpu_args, cuda_args):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8))
+    found_inf = 7 if op == "adamw" else 5  # the position of found_inf in op_args
+    kept = [i for i, a in enumerate(cpu_args) if isinstance(a, torch.Tensor) and i != found_inf]
+    before = {i: cpu_args[i].clone() for i in kept}
+    for args in (cpu_args, cuda_args):
+        args[found_inf].fill_(1.0)
+        fn(*args, 256)
+    for i in kept:
+        assert torch.equal(cpu_args[i].view(torch.uint8), before[i].view(torch.uint8)), i
+        assert torch.equal(cuda_args[i].cpu().view(torch.uint8), before[i].view(torch.uint8)), i
