@@ -81,3 +81,39 @@ def test_cuda_block_wgrad_each_group_within_the_fp64_bound():
                 # Each block's scales apply in fp32 after its MMAs: the accumulator is promoted every block.
                 bound = tensor_core_bound(a64, b64, promote_every=block_k)
                 assert_within_tensor_core_bound(out[g], a64 @ b64.t(), bound, torch.float32)
+
+
+@needs_fp8_gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_block_scaled_grouped_gemm_along_m_each_group_within_the_fp64_bound(out_dtype):
+    """block_scaled_grouped_gemm on a GPU (grouped along M: each group's rows with their own scale rows and the
+    group's weight and weight scales), rowwise, DeepSeek-V3 and MXFP8 blocks over the CUDA groupings, rows of very
+    different ranges so that a group handed another group's scales is off by far more than the bound: each group
+    against the float64 GEMM of its dequantized operands within the tensor cores' bound, promoted every K block."""
+    from fp8mp.ops import block_quantize, block_scaled_grouped_gemm
+    from test_grouped_gemm import RECIPES, block_dequantized
+    for recipe in ("rowwise", "deepseek_v3", "mxfp8"):
+        b_block_rows, block_k, mode = RECIPES[recipe]
+        for grouping in CUDA_GROUPINGS:
+            counts = GROUPINGS[grouping]
+            G, M, N, K = len(counts), sum(counts), 144, 256
+            bk = block_k or K
+            gen = torch.Generator().manual_seed(G)
+            x = torch.randn(M, K, generator=gen) * torch.logspace(-3, 3, M).view(M, 1)
+            w = torch.randn(G, N, K, generator=gen) * 0.02
+            a, sa = block_quantize(x, 1, bk, "e4m3", mode)
+            quantized = [block_quantize(w[g], b_block_rows, bk, "e4m3", mode) for g in range(G)]
+            b, sb = torch.stack([q[0] for q in quantized]), torch.stack([q[1] for q in quantized])
+            bias = torch.randn(G, N, generator=gen).to(out_dtype)
+            out = block_scaled_grouped_gemm(a.cuda(), sa.cuda(), b.cuda(), sb.cuda(), offsets(counts).cuda(),
+                                            b_block_rows, bk, bias.cuda(), out_dtype)
+            assert out.is_cuda and out.shape == (M, N) and out.dtype == out_dtype
+            out = out.cpu()
+            for g, (s, e) in enumerate(group_ranges(counts)):
+                a64 = block_dequantized(a[s:e], sa[s:e], 1, bk)
+                b64 = block_dequantized(b[g], sb[g], b_block_rows, bk)
+                ref64 = a64 @ b64.t() + bias[g].double()
+                bound = tensor_core_bound(a64, b64, promote_every=bk)
+                bound = bound + 2.0 ** -24 * (ref64.abs() + bound)  # the bias's fp32 addition
+                assert_within_tensor_core_bound(out[s:e], ref64, bound, out_dtype)
