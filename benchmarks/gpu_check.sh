@@ -66,6 +66,7 @@ TEST_ALARM_S=30    # one test's limit (tests/conftest.py, FP8MP_TEST_TIMEOUT), s
 DRY_RUN_SCALE=${GPU_CHECK_DRY_RUN_SCALE:-4}  # the dry run's limits: the GPU's times this, for a small shared CPU
 
 PY=${PYTHON:-python3}
+[[ $PY == */* && $PY != /* ]] && PY=$PWD/$PY  # a relative path (make's .venv/bin/python): the install step runs from /
 # -P: no checkout folder first on sys.path, so that `import fp8mp` finds the installed wheel, not ./fp8mp (which has
 # no libraries). Python 3.10 lacks it; there the dry run imports ./fp8mp through PYTHONPATH anyway.
 SAFE_PATH=$("$PY" -c 'import sys; print("-P" if sys.version_info >= (3, 11) else "")')
