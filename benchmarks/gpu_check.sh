@@ -106,6 +106,27 @@ else
 fi
 
 # ---------------------------------------------------------------- the steps
+# What the check imports besides torch (fp8mp's runtime dependencies, its `test` extra, matplotlib for the GPT
+# step): those the GPU machine lacks are installed, without network, from the wheels `make gpu-wheel` puts in
+# $WHEEL_DIR/deps (for its Python, at requirements-test.txt's pins); what the machine has is left as it is.
+CHECK_PACKAGES="numpy tqdm pytest hypothesis ml_dtypes matplotlib"
+install_missing_deps() {
+  local missing
+  missing=$("$PY" -c "import importlib.util, sys
+print(' '.join(n for n in sys.argv[1:] if importlib.util.find_spec(n) is None))" $CHECK_PACKAGES)
+  if [[ -z $missing ]]; then
+    echo "the machine holds $CHECK_PACKAGES"
+  elif [[ -d $WHEEL_DIR/deps ]]; then
+    echo "installing from $WHEEL_DIR/deps what the machine lacks: $missing"
+    # shellcheck disable=SC2086
+    "$PY" -m pip install --no-index --find-links "$WHEEL_DIR/deps" --no-cache-dir --disable-pip-version-check -q \
+      $missing
+  else
+    echo "the machine lacks $missing and $WHEEL_DIR/deps is not here (make gpu-wheel downloads it): the steps" \
+      "that import them will say so"
+  fi
+}
+
 step_install() {
   local wheels=("$WHEEL_DIR"/fp8mp-*.whl)
   if (( DRY_RUN )); then
@@ -120,6 +141,7 @@ step_install() {
     (( ${#wheels[@]} == 1 )) || { echo "more than one wheel in $WHEEL_DIR/: ${wheels[*]}"; return 1; }
     "$PY" -m pip install --no-deps --no-index --force-reinstall --no-cache-dir --disable-pip-version-check -q \
       "${wheels[0]}" || return 1
+    install_missing_deps || return 1
   fi
   # From / and with -P: the installed fp8mp, never the source folder fp8mp/ of this checkout.
   (cd / && "$PY" $SAFE_PATH -c "
