@@ -3,10 +3,6 @@ from __future__ import annotations
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 GOAL = 0.005  # FP8 final loss within 0.5% (relative) of the baseline
 FP32_GEMM_OF_BF16 = "fp32 GEMM of bf16 operands"  # fp8mp.nn.bf16_via_fp32.Bf16ViaFp32State.kernel
@@ -89,6 +85,10 @@ def _smooth(values: list[float], weight: float = 0.9) -> list[float]:
 
 def plot_losses(results, path: str) -> str:
     """Train loss (raw, faint, and smoothed), val loss, and FP8's relative gap to each baseline; returns `path`."""
+    import matplotlib  # only for the pictures: the tables need no matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig, (ax_train, ax_val, ax_gap) = plt.subplots(1, 3, figsize=(15, 4.2))
     by_name = {r.name: r for r in results}

@@ -390,7 +390,7 @@ def run_seeds(model_config: GPTConfig, config: TrainConfig, seeds: int, peer: Pr
               lean_peer: Precision | None = None, build_model=None, lean: bool = True) -> str:
     """FP8, the peer (if any), FP8 memory-lean (if `lean`), its peer (if any) and BF16 for seeds 0..seeds-1; returns
     the per-seed table with the means. build_model(model_config, precision): the model of each run (default GPT)."""
-    from gpt_report import seed_table  # matplotlib only for the CLI
+    from gpt_report import seed_table
 
     lean_runs = [PRECISIONS["fp8-lean"], *([lean_peer] if lean_peer is not None else [])] if lean else []
     precisions = [PRECISIONS["fp8"], *([peer] if peer is not None else []), *lean_runs, PRECISIONS["bf16"]]
@@ -441,7 +441,7 @@ def configs_from(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
 
 
 def main(argv=None) -> None:
-    from gpt_report import plot_losses, report_table  # matplotlib only for the CLI
+    from gpt_report import plot_losses, report_table
 
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
