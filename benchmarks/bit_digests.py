@@ -17,6 +17,7 @@ two gloo ranks FSDP2 with FP8 all-gather and tensor parallel.
 Digests hash values in a fixed order (the modules' and the optimizer's), never key names: a renamed buffer
 keeps its digest. They are bit-exact on one machine; another CPU may sum some high-precision parts (torch's own
 bf16 and fp32 kernels) in another order, so compare digests recorded on the same machine and torch.
+benchmarks/bit_digests.json holds one such record (its machine, torch and commit inside; benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
