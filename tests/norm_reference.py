@@ -71,6 +71,16 @@ def check_forward(out, ref64, ref32, x, rstd64, g64, dtype):
     assert not bad.any(), f"{int(bad.sum())} elements off, worst excess {(err - allowed).max().item():.3g}"
 
 
+def backward_case_params(hidden, norm, case, dtype=torch.float32):
+    """The weight and bias (None where the case has none) of one of BACKWARD_CASES."""
+    w, b = make_params(hidden, "zero_centered" if case == "zero_centered" else "affine", dtype)
+    if case in ("no_bias", "none") or norm == "rmsnorm":
+        b = None
+    if case in ("none", "bias_only"):
+        w = None
+    return w, b
+
+
 def torch_grads(x, w, b, go, hidden, zc, norm, eps):
     x64 = x.double().requires_grad_()
     w64 = None if w is None else w.double().requires_grad_()

@@ -9,7 +9,7 @@ import torch
 from fp8mp.ops.errors import raising_value_errors
 
 from opcheck_util import opcheck_fp8_aware
-from norm_reference import (MANTISSA_BITS, BACKWARD_CASES, HIDDEN, assert_grad_close, make_params, make_rows, ours_grads, torch_grads)
+from norm_reference import (backward_case_params, MANTISSA_BITS, BACKWARD_CASES, HIDDEN, assert_grad_close, make_params, make_rows, ours_grads, torch_grads)
 
 
 @pytest.mark.parametrize("hidden", HIDDEN)
@@ -18,15 +18,7 @@ def test_backward_matches_torch_float64(norm, case, hidden):
     shape = (37, hidden) if hidden < 1000 else (3, 5, hidden)
     x = make_rows("random", shape, torch.float32, seed=hidden)
     go = make_rows("random", shape, torch.float32, seed=hidden + 7)
-    w, b = make_params(hidden, "zero_centered" if case == "zero_centered" else "affine")
-    if case == "no_bias":
-        b = None
-    if case == "none":
-        w, b = None, None
-    if case == "bias_only":
-        w = None
-    if norm == "rmsnorm":
-        b = None
+    w, b = backward_case_params(hidden, norm, case)
     zc = case == "zero_centered"
     eps = 1e-5
     ref = torch_grads(x, w, b, go, hidden, zc, norm, eps)

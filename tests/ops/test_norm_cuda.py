@@ -6,7 +6,7 @@ import torch
 
 import fp8mp
 from fp8_reference import torch_reference_bits
-from norm_reference import (BACKWARD_CASES, DTYPES, EPS32, FORMATS, MANTISSA_BITS, assert_grad_close, check_forward,
+from norm_reference import (backward_case_params, BACKWARD_CASES, DTYPES, EPS32, FORMATS, MANTISSA_BITS, assert_grad_close, check_forward,
                             make_params, make_rows, ours_grads, torch_grads)
 
 
@@ -106,15 +106,7 @@ def test_cuda_backward_every_case_and_dtype_matches_torch_float64(norm, case, dt
     hidden = 1000  # not a multiple of the kernels' vector width: the tails too
     x = make_rows("random", (67, hidden), torch.float32, seed=hidden).to(dtype)
     go = make_rows("random", (67, hidden), torch.float32, seed=hidden + 7).to(dtype)
-    w, b = make_params(hidden, "zero_centered" if case == "zero_centered" else "affine", dtype)
-    if case == "no_bias":
-        b = None
-    if case == "none":
-        w, b = None, None
-    if case == "bias_only":
-        w = None
-    if norm == "rmsnorm":
-        b = None
+    w, b = backward_case_params(hidden, norm, case, dtype)
     zc = case == "zero_centered"
     ref = torch_grads(x, w, b, go, hidden, zc, norm, 1e-5)
     cuda = lambda t: None if t is None else t.cuda()  # noqa: E731
