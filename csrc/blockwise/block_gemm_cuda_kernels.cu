@@ -352,13 +352,8 @@ GemmPlan build_plan(cublasLtHandle_t handle, const BlockPlanKey& key, const Bloc
   // The algorithm of the key's power-of-two bucket of M_pad and (one GEMM over all of K) K_pad, where
   // cublasLtMatmulAlgoCheck accepts it for these exact layouts (heuristic_shape.h); else the exact sizes'.
   MaybeAlgo algo = bucket_algo(handle, key, g, desc);
-  if (algo.found) {
-    cublasLtMatmulHeuristicResult_t checked{};
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoCheck(handle, desc, plan.a_layout.get(), plan.b_layout.get(), plan.d_layout.get(),
-                                plan.d_layout.get(), &algo.algo, &checked);
-    algo.found = status == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= kWorkspaceBytes;
-  }
+  algo.found = algo.found && algo_accepted(handle, desc, plan.a_layout.get(), plan.b_layout.get(),
+                                           plan.d_layout.get(), algo.algo, kWorkspaceBytes);
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   if (!algo.found) algo = query_heuristic(handle, desc, plan.a_layout.get(), plan.b_layout.get(), plan.d_layout.get(),
                                           key, &status);

@@ -59,6 +59,16 @@ inline cudaDataType_t fp8_cuda_type(Fp8Format format) {
 }
 
 // "13.1.1" from cublasLtGetVersion()'s major * 10000 + minor * 100 + patch.
+// Whether cuBLASLt accepts `algo` (found for another problem size) for these exact layouts within
+// `workspace_bytes`: cuBLASLt promises an algorithm only for the problem it was found or checked for.
+inline bool algo_accepted(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, const cublasLtMatmulAlgo_t& algo,
+                          size_t workspace_bytes) {
+  cublasLtMatmulHeuristicResult_t checked{};
+  return cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, &algo, &checked) == CUBLAS_STATUS_SUCCESS &&
+         checked.workspaceSize <= workspace_bytes;
+}
+
 inline std::string cublaslt_version_string(size_t version) {
   return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
          std::to_string(version % 100);

@@ -234,13 +234,8 @@ GemmPlan build_plan(cublasLtHandle_t handle, const GemmPlanKey& key, const CallP
   plan_.d_layout = make_layout(cudaDataType_t(key.out_type), key.N_pad, key.M, key.N_pad);
 
   MaybeAlgo algo = bucket_algo(handle, desc, key);
-  if (algo.found) {
-    cublasLtMatmulHeuristicResult_t checked{};
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoCheck(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(), plan_.d_layout.get(),
-                                plan_.d_layout.get(), &algo.algo, &checked);
-    algo.found = status == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= kWorkspaceBytes;
-  }
+  algo.found = algo.found && algo_accepted(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(),
+                                           plan_.d_layout.get(), algo.algo, kWorkspaceBytes);
   if (!algo.found) {
     algo = query_heuristic(handle, desc, plan_.a_layout.get(), plan_.b_layout.get(), plan_.d_layout.get(), key);
   }
