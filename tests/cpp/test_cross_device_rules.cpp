@@ -236,12 +236,9 @@ TEST_CASE("the CPU cast kernels write +NaN codes for NaNs their arithmetic makes
   REQUIRE(bits(out[3]) == 0xFFC00000u);  // the -NaN code decodes to -NaN and keeps it
 }
 
-TEST_CASE("the CPU norm writes +NaN where Inf - Inf makes one: outputs, statistics and FP8 codes", "[nan]") {
-  const int64_t rows = 2, hidden = 8;
-  std::vector<float> x(size_t(rows * hidden), 0.5f);
-  x[1] = kInf;  // row 0: mean Inf, Inf - Inf = NaN inside the statistics
-  x[2] = -kInf;
-  std::vector<float> mean(rows), rstd(rows), out(size_t(rows * hidden));
+// A float32 LayerNorm forward of x [rows, hidden] without weight or bias (eps 1e-5) into mean, rstd and out.
+static fp8mp::NormFwdArgs layernorm_fwd_args(const std::vector<float>& x, int64_t rows, int64_t hidden,
+                                             std::vector<float>& mean, std::vector<float>& rstd, void* out) {
   fp8mp::NormFwdArgs args{};
   args.centered = true;
   args.x = x.data();
@@ -253,8 +250,18 @@ TEST_CASE("the CPU norm writes +NaN where Inf - Inf makes one: outputs, statisti
   args.eps = 1e-5f;
   args.mean = mean.data();
   args.rstd = rstd.data();
-  args.out = out.data();
+  args.out = out;
   args.fp8 = false;
+  return args;
+}
+
+TEST_CASE("the CPU norm writes +NaN where Inf - Inf makes one: outputs, statistics and FP8 codes", "[nan]") {
+  const int64_t rows = 2, hidden = 8;
+  std::vector<float> x(size_t(rows * hidden), 0.5f);
+  x[1] = kInf;  // row 0: mean Inf, Inf - Inf = NaN inside the statistics
+  x[2] = -kInf;
+  std::vector<float> mean(rows), rstd(rows), out(size_t(rows * hidden));
+  fp8mp::NormFwdArgs args = layernorm_fwd_args(x, rows, hidden, mean, rstd, out.data());
   fp8mp::cpu::norm_fwd(args, serial_for);
   REQUIRE(bits(mean[0]) == kPositiveQuietNan);
   REQUIRE(bits(rstd[0]) == kPositiveQuietNan);
@@ -283,18 +290,8 @@ TEST_CASE("the CPU norm backward writes +NaN into grad_weight and grad_bias wher
   grad_out[0] = kInf;
   grad_out[size_t(hidden)] = -kInf;
   std::vector<float> weight(size_t(hidden), 1.5f), mean(rows), rstd(rows);
-  fp8mp::NormFwdArgs fwd{};
-  fwd.centered = true;
-  fwd.x = x.data();
-  fwd.x_type = HpType::Float32;
-  fwd.rows = rows;
-  fwd.hidden = hidden;
-  fwd.eps = 1e-5f;
-  fwd.mean = mean.data();
-  fwd.rstd = rstd.data();
   std::vector<float> out(size_t(rows * hidden));
-  fwd.out = out.data();
-  fp8mp::cpu::norm_fwd(fwd, serial_for);
+  fp8mp::cpu::norm_fwd(layernorm_fwd_args(x, rows, hidden, mean, rstd, out.data()), serial_for);
   std::vector<float> grad_x(static_cast<size_t>(rows * hidden)), grad_w(static_cast<size_t>(hidden)),
       grad_b(static_cast<size_t>(hidden));
   const fp8mp::NormBwdArgs bwd{true,          grad_out.data(), x.data(),      HpType::Float32, rows,
