@@ -35,6 +35,7 @@ import torch
 
 from fp8mp.ops import optim as optim_ops
 from fp8mp.optim import sharding
+from fp8mp.utils.dtensor import is_dtensor, local
 
 __all__ = ["FusedOptimizer"]
 
@@ -99,7 +100,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if not state:
             state["step"] = torch.zeros(1, dtype=torch.int64, device=p.device)
             state["seed"] = torch.tensor([self.seed + self._parameter_index(p)], dtype=torch.int64)
-            dtensor = sharding.is_dtensor(p)
+            dtensor = is_dtensor(p)
             for name in self.state_names:
                 # zeros_like of a DTensor: a DTensor with p's mesh and placements, its local shard p's.
                 state[name] = (torch.zeros_like(p, dtype=state_dtype, memory_format=torch.contiguous_format)
@@ -112,7 +113,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _new_scale(p: torch.Tensor, layout: sharding.ShardLayout) -> torch.Tensor:
         """Zero FP8 block scales of `p`: 1-D of a plain tensor, a DTensor sharded like p of a DTensor
         (fp8mp/optim/sharding.py)."""
-        if not sharding.is_dtensor(p):
+        if not is_dtensor(p):
             return torch.zeros(optim_ops.state_scale_numel(p.numel()), dtype=torch.float32, device=p.device)
         import torch.distributed.tensor as dtensor
         return dtensor.zeros(sharding.scale_shape(layout), dtype=torch.float32, device_mesh=p.device_mesh,
@@ -151,7 +152,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     def state_bytes(self) -> int:
         """Bytes of optimizer state this process holds now (moments, scales, counters; of a DTensor state, its
         local shard)."""
-        return sum(sharding.local(v).numel() * v.element_size() for s in self.state.values() for v in s.values()
+        return sum(local(v).numel() * v.element_size() for s in self.state.values() for v in s.values()
                    if isinstance(v, torch.Tensor))
 
     # --------------------------------------------------------------------------------- step
@@ -193,28 +194,28 @@ class FusedOptimizer(torch.optim.Optimizer):
         if not work:
             return loss
         for _, p, _, _ in work:  # every check passed: now the collectives, in parameter order on every rank
-            if sharding.is_dtensor(p) and p.grad.placements != p.placements:
+            if is_dtensor(p) and p.grad.placements != p.placements:
                 # Partial sums of a replicated parameter's gradient (sequence parallel's norm weights): one all_reduce
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         found_inf = None
         if self.skip_nonfinite:
-            found_inf = self._found_nonfinite([sharding.local(p.grad) for _, p, _, _ in work],
+            found_inf = self._found_nonfinite([local(p.grad) for _, p, _, _ in work],
                                               sharding.reduction_groups(p for _, p, _, _ in work))
         for group, p, state_dtype, layout in work:
             state = self._state_of(p, state_dtype, layout)
             local_state = {key: self._local_state(key, value, p) for key, value in state.items()}
             # An empty shard (FSDP2's last ranks when rows < ranks * chunk) steps nothing but its counter; its
             # offset, the tensor's end, need not be a block boundary, so it passes 0.
-            offset = layout.element_offset if sharding.local(p).numel() else 0
-            self._step_parameter(group, sharding.local(p), sharding.local(p.grad), local_state, found_inf, offset)
+            offset = layout.element_offset if local(p).numel() else 0
+            self._step_parameter(group, local(p), local(p.grad), local_state, found_inf, offset)
         return loss
 
     def _checked_layout(self, p: torch.Tensor, state_dtype: torch.dtype, name: str) -> sharding.ShardLayout:
         """The shard layout of p (fp8mp/optim/sharding.py), after checking that its gradient is sharded like it and
         that its FP8 blocks can follow the whole tensor; every check raises before any collective of the step."""
         layout = sharding.shard_layout(p, name)
-        if sharding.is_dtensor(p) != sharding.is_dtensor(p.grad) or (
-                sharding.is_dtensor(p) and not sharding.grad_matches(p, p.grad)):
+        if is_dtensor(p) != is_dtensor(p.grad) or (
+                is_dtensor(p) and not sharding.grad_matches(p, p.grad)):
             raise ValueError(f"{type(self).__name__}: parameter {name} (shape {list(p.shape)}) has a gradient not "
                              "sharded like it; the fused optimizers step a DTensor parameter with a DTensor "
                              "gradient of the same mesh and placements (FSDP2's reduce-scattered gradients; "
@@ -226,14 +227,14 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _local_state(self, key: str, value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """A state entry as the op takes it: the local shard of a DTensor state, an FP8 scale as the
         ceil(local numel / 128) scales of the shard's blocks (a view: the op writes the state's storage)."""
-        if sharding.is_dtensor(value) != (sharding.is_dtensor(p) and key not in ("step", "seed")):
+        if is_dtensor(value) != (is_dtensor(p) and key not in ("step", "seed")):
             raise ValueError(f"{type(self).__name__}: the state '{key}' of a parameter of shape {list(p.shape)} is "
-                             f"{'a DTensor' if sharding.is_dtensor(value) else 'a plain tensor'} where the "
+                             f"{'a DTensor' if is_dtensor(value) else 'a plain tensor'} where the "
                              "parameter's shards need the other; load DTensor parameters' states with "
                              "torch.distributed.checkpoint's set_state_dict")
-        value = sharding.local(value)
-        if key.endswith("_scale") and sharding.is_dtensor(p):
-            value = value.reshape(-1)[:optim_ops.state_scale_numel(sharding.local(p).numel())]
+        value = local(value)
+        if key.endswith("_scale") and is_dtensor(p):
+            value = value.reshape(-1)[:optim_ops.state_scale_numel(local(p).numel())]
         return value
 
     def _step_parameter(self, group: dict, p: torch.Tensor, grad: torch.Tensor, state: dict,

@@ -18,7 +18,7 @@ blocks, so that ``torch.chunk`` of its dim 0 gives each rank exactly its shard's
 multiple of k). A plain tensor's scales stay the 1-D ``[ceil(numel / 128)]``.
 
 That global shape depends on the parameter's shape only, not on the number of ranks: torch.distributed.checkpoint
-saves the scales of N ranks and hands each of M ranks its shard's blocks (fp8mp.training.distributed_checkpoint),
+saves the scales of N ranks and hands each of M ranks its shard's blocks (fp8mp.parallel.distributed_checkpoint),
 wherever M passes :func:`check_fp8_blocks`.
 """
 from __future__ import annotations
@@ -29,22 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from fp8mp.ops.optim import STATE_BLOCK
+from fp8mp.utils.dtensor import is_dtensor
 
-__all__ = ["ShardLayout", "check_fp8_blocks", "grad_matches", "is_dtensor", "local", "reduction_groups",
-           "scale_shape", "shard_layout"]
-
-
-def is_dtensor(t) -> bool:
-    """Whether `t` is a torch.distributed.tensor.DTensor (False where torch.distributed is not built)."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-    return isinstance(t, DTensor)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """The local tensor of a DTensor (a view of its storage: in-place writes reach it), else `t`."""
-    return t.to_local() if is_dtensor(t) else t
+__all__ = ["ShardLayout", "check_fp8_blocks", "grad_matches", "reduction_groups", "scale_shape", "shard_layout"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,2 @@
+"""Layer utils, generic helpers on torch alone: DTensor checks and rebuilds (dtensor.py). Imports only torch,
+never another fp8mp layer; every layer may import it."""
