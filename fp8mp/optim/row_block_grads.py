@@ -1,7 +1,7 @@
 """Weight gradients handed to an optimizer a block of rows at a time, so that no whole gradient of a large
 parameter is held (fp8mp.step_in_backward's row blocks).
 
-An optimizer that steps parameters in backward (fp8mp/training/in_backward_step.py) registers itself as the
+An optimizer that steps parameters in backward (fp8mp/optim/step_in_backward.py) registers itself as the
 `RowBlockSink` of its large parameters for the duration of its backward (`handing_rows_to`). A backward that
 can compute a weight's gradient a block of rows at a time (fp8mp.nn.chunked_linear_cross_entropy's head,
 fp8mp's FP8 Linear wgrad) asks `sink_of(weight)`; where there is one, it computes the rows

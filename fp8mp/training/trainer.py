@@ -31,7 +31,7 @@ from fp8mp.training.fallback import FallbackPolicy
 from fp8mp.training.monitor import Fp8Monitor
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.lora import apply_lora
-from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
+from fp8mp.optim.master_weights import MasterWeightOptimizer
 from fp8mp.training.trainer_config import TrainerConfig
 
 __all__ = ["Trainer"]

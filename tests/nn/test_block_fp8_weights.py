@@ -17,7 +17,7 @@ import torchao_reference
 from blockwise_reference import deepseek_quantize, expand_tiles
 from fp8mp.nn.lora import apply_lora
 from fp8mp.scaling.recipe import BlockScaling, CurrentScaling, Format, MXFP8Scaling, RowwiseScaling
-from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
+from fp8mp.optim.master_weights import MasterWeightOptimizer
 
 # MasterWeightOptimizer is deprecated; its behaviour is still tested here (the warning: test_fp8_weights.py)
 pytestmark = pytest.mark.filterwarnings("ignore:fp8mp.optim.MasterWeightOptimizer is deprecated:FutureWarning")
@@ -175,7 +175,7 @@ def test_weight_bytes_are_those_of_the_stored_layouts():
         with fp8mp.fp8_model_init(recipe=recipe):
             layer = fp8mp.nn.Linear(512, 256, bias=False)
         fp32_bytes = 512 * 256 * 4
-        assert fp32_bytes * ratio < fp8mp.nn.fp8_weight.state_dict_bytes(layer) < fp32_bytes * (ratio + 0.02)
+        assert fp32_bytes * ratio < fp8mp.nn.fp8_state_dict.state_dict_bytes(layer) < fp32_bytes * (ratio + 0.02)
 
 
 # ------------------------------------------------------------------------------------------ LoRA
@@ -191,7 +191,7 @@ def test_lora_bases_store_block_scales_and_stay_bit_identical(recipe, how):
         model = fp8mp.convert(model, recipe=recipe)
         apply_lora(model, rank=4, alpha=8.0, targets=["0", "2"], fp8_base_weight=True)
     base = model[0].base
-    assert base.stores_fp8_weight and base.fp8_weight_layout == fp8mp.nn.fp8_weight.block_weight_layout(recipe)
+    assert base.stores_fp8_weight and base.fp8_weight_layout == fp8mp.quantized.stored_weight.stored_weight_layout(recipe)
     frozen = {k: bits(v).clone() for k, v in model.state_dict().items() if k.startswith(("0.base.weight", "2.base.weight"))}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = []

@@ -8,8 +8,8 @@ import torch
 
 import fp8mp
 import tiny_task
-from fp8mp.nn.fp8_weight import state_dict_bytes
-from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
+from fp8mp.nn.fp8_state_dict import state_dict_bytes
+from fp8mp.optim.master_weights import MasterWeightOptimizer
 from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, Format
 from fp8mp.ops.scale_update import compute_scale
 

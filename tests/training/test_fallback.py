@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fp8mp
 from fp8mp.training.fallback import FallbackPolicy
-from fp8mp.training.master_weight_optimizer import MasterWeightOptimizer
+from fp8mp.optim.master_weights import MasterWeightOptimizer
 from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling
 
 

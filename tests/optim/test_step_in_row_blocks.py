@@ -139,7 +139,7 @@ def train_in_backward(model, optimizer, steps, stepper=None, scaler=None):
 @pytest.mark.parametrize("with_scaler, embedding, optimizer_class, recipe", [
     (False, "sparse", fp8mp.optim.AdamW, None), (True, "sparse", fp8mp.optim.AdamW, None),
     (False, "rows", fp8mp.optim.AdamW, None), (False, "rows", fp8mp.optim.Lion, None),
-    # the fine-grained recipes' FP8 Linears (block_linear_function.py): dy.T's rows, as quantized, a block at a time
+    # the fine-grained recipes' FP8 Linears (fp8mp/scaling/block_quantizer.py): dy.T's rows, as quantized, a block at a time
     (False, "rows", fp8mp.optim.AdamW, fp8mp.recipe.RowwiseScaling()),
     (True, "rows", fp8mp.optim.AdamW, fp8mp.recipe.MXFP8Scaling()),
     (False, "sparse", fp8mp.optim.Lion, fp8mp.recipe.BlockScaling())], ids=str)

@@ -58,6 +58,7 @@ import torch
 from fp8mp.optim import row_block_grads, sharding
 from fp8mp.optim.fused import FusedOptimizer
 from fp8mp.ops.optim import STATE_BLOCK
+from fp8mp.utils.dtensor import is_dtensor
 
 __all__ = ["StepInBackward", "step_in_backward"]
 
@@ -99,7 +100,7 @@ class StepInBackward:
         self._found: torch.Tensor | None = None
         self._held = 0
         params = {id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
-        if any(sharding.is_dtensor(p) for p in params.values()):
+        if any(is_dtensor(p) for p in params.values()):
             raise ValueError("fp8mp.step_in_backward: argument 'optimizer' holds DTensor parameters (FSDP2, tensor "
                              "parallel); the step in backward runs on unsharded parameters only: call "
                              "optimizer.step() after backward there")
@@ -293,7 +294,7 @@ def _bytes(t: torch.Tensor) -> int:
 
 def step_in_backward(optimizer: FusedOptimizer, scaler=None, verify: bool | None = None,
                      max_grad_block_bytes: int | None = DEFAULT_GRAD_BLOCK_BYTES) -> StepInBackward:
-    """Step `optimizer`'s parameters in backward (fp8mp/training/in_backward_step.py): returns the handle whose
+    """Step `optimizer`'s parameters in backward (fp8mp/optim/step_in_backward.py): returns the handle whose
     `backward(loss)` replaces ``loss.backward(); scaler.step(optimizer); optimizer.zero_grad()``.
 
     scaler: an fp8mp.LossScaler (its scale, unscale and Inf/NaN checks, FP8 casts included); call its

@@ -3,7 +3,7 @@
 Deprecated (FutureWarning): the FP32 masters and their gradients take 8 bytes a parameter, so training
 weights stored in FP8 this way saves nothing against FP32 weights. Train bf16 `nn.Parameter`s with
 `fp8mp.optim.AdamW(params, state_dtype=torch.float8_e4m3fn)` instead, and store weights that are not
-trained in FP8 with `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/nn/fp8_frozen_weight.py).
+trained in FP8 with `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/quantized/frozen_weight.py).
 
     with fp8mp.fp8_model_init():
         model = build_model()
@@ -12,7 +12,7 @@ trained in FP8 with `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/nn/fp8_f
     loss.backward()              # dW of each FP8-weight layer lands on its FP32 master
     optimizer.step()             # the update is applied in FP32, then each FP8 weight = cast(master)
 
-The masters start as the decoded FP8 weights. See fp8mp/nn/fp8_weight.py for why the master is
+The masters start as the decoded FP8 weights. See fp8mp/quantized/stored_weight.py for why the master is
 the autograd leaf. Create this wrapper after moving the model to its device (the masters are
 made on the FP8 weights' device). For LR schedulers, which want a `torch.optim.Optimizer`,
 pass `wrapper.optimizer`.
