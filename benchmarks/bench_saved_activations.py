@@ -32,9 +32,9 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import fp8mp
-from fp8mp.nn.saved_activations import (dequantize_saved, disable_fp8_saved_activations, enable_fp8_saved_activations,
+from fp8mp.memory.saved_activations import (dequantize_saved, disable_fp8_saved_activations, enable_fp8_saved_activations,
                                         quantize_saved)
-from fp8mp.training.saved_tensors import saved_tensor_bytes
+from fp8mp.memory.saved_tensors import saved_tensor_bytes
 
 from results_json import record
 from timing import markdown_table, where

@@ -59,7 +59,7 @@ class Run:
     fp8_linears: bool = False  # fp8mp's Linear layers under fp8_autocast (else torch.autocast(bfloat16))
     lean_optimizer: bool = False  # bf16 parameters and fp8mp.optim.AdamW's E4M3 states (else fp32 and torch's)
     recipe: str = "rowwise"  # the FP8 Linears' recipe, a key of RECIPES
-    norm_format: str = "bf16"  # what the norms save (fp8mp.nn.saved_activations's norm_format)
+    norm_format: str = "bf16"  # what the norms save (fp8mp.memory.saved_activations's norm_format)
 
 
 # The memory-lean recipe's FP8 scaling is rowwise: per-tensor scaling costs it about half a point of final loss
@@ -107,7 +107,7 @@ def prepared(model_key: str, run: Run, seed: int):
     if run.norm_format == "bf16":  # (fp8mp.convert's own)
         model = fp8mp.convert(model, module_filter=keep_head, fp8_saved_activations=True)
     else:
-        from fp8mp.nn.saved_activations import enable_fp8_saved_activations
+        from fp8mp.memory.saved_activations import enable_fp8_saved_activations
 
         model = enable_fp8_saved_activations(fp8mp.convert(model, module_filter=keep_head), keep_head,
                                              norm_format=run.norm_format)

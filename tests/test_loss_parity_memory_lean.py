@@ -29,7 +29,7 @@ def test_ablation_runs_take_the_recipe_apart():
     fp8_only, lean_optimizer, delayed, e4m3_norms = parity.ABLATIONS
     model, _, optimizer, stepper = parity.prepared("llama", fp8_only, seed=0)
     import fp8mp
-    import fp8mp.nn.saved_activations as saved
+    import fp8mp.memory.saved_activations as saved
 
     assert stepper is None and type(optimizer) is torch.optim.AdamW
     assert {p.dtype for p in model.parameters()} == {torch.float32}

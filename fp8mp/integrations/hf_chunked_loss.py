@@ -11,7 +11,7 @@ model's own. `restore_loss(model)` undoes it. The head stays in high precision; 
 or one with a bias, and a model that caps its logits (Gemma's final_logit_softcapping), are refused.
 
 Under fp8mp.step_in_backward an untied head's gradient comes a block of vocabulary rows at a time (stepped
-at once: fp8mp/nn/chunked_cross_entropy.py); a head tied to the input embedding keeps its whole gradient,
+at once: fp8mp/memory/chunked_cross_entropy.py); a head tied to the input embedding keeps its whole gradient,
 where the embedding's part joins it.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from fp8mp.nn.chunked_cross_entropy import chunked_linear_cross_entropy
+from fp8mp.memory.chunked_cross_entropy import chunked_linear_cross_entropy
 
 __all__ = ["use_chunked_loss", "restore_loss", "uses_chunked_loss"]
 
@@ -53,7 +53,7 @@ def _check(model: torch.nn.Module) -> torch.nn.Module:
 def use_chunked_loss(model: torch.nn.Module, chunk_tokens: int | None = None) -> torch.nn.Module:
     """Make `model`'s forward with `labels` compute the loss chunk by chunk (module docstring); returns `model`.
 
-    chunk_tokens: tokens per chunk (default: fp8mp.nn.chunked_cross_entropy.default_chunk_tokens(vocab)).
+    chunk_tokens: tokens per chunk (default: fp8mp.memory.chunked_cross_entropy.default_chunk_tokens(vocab)).
     """
     _check(model)
     if uses_chunked_loss(model):

@@ -6,7 +6,7 @@ its Linear layers, in one line::
 
 Three pieces, each storing what it saves as E4M3 with one fp32 scale per 1 x 128 group (the norms: bf16):
 
-* the norm and activation-function modules (`fp8mp.nn.saved_activations.enable_fp8_saved_activations`, what
+* the norm and activation-function modules (`fp8mp.memory.saved_activations.enable_fp8_saved_activations`, what
   ``fp8mp.convert(model, fp8_saved_activations=True)`` does: norms keep bf16, which that module says why);
 * the gated MLP multiply ``act_fn(gate_proj(x)) * up_proj(x)``: each MLP of the classes in `GATED_MLP_CLASSES`
   gets an instance forward that runs the multiply through `fp8mp.nn.fp8_recompute` (gate and up saved in FP8,
@@ -17,7 +17,7 @@ Three pieces, each storing what it saves as E4M3 with one fp32 scale per 1 x 128
   saved (backward runs the attention forward once more).
 
 The forward's results are those of the model's own forward bit for bit; backward gets the exact gradients at
-inputs each within half an E4M3 spacing (fp8mp/nn/fp8_recompute.py). Refused: attention dropout while training
+inputs each within half an E4M3 spacing (fp8mp/memory/fp8_recompute.py). Refused: attention dropout while training
 (the recomputation would draw other numbers), an attention implementation other than SDPA, and attention weights
 (`output_attentions`). `restore_saved_activations(model)` undoes all three.
 """
@@ -27,8 +27,8 @@ import types
 
 import torch
 
-from fp8mp.nn.fp8_recompute import fp8_recompute
-from fp8mp.nn.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
+from fp8mp.memory.fp8_recompute import fp8_recompute
+from fp8mp.memory.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
 
 __all__ = ["use_fp8_saved_activations", "restore_saved_activations", "uses_fp8_saved_activations",
            "GATED_MLP_CLASSES", "ATTENTION_IMPLEMENTATION"]

@@ -12,14 +12,15 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
-from fp8mp.nn.fp8_all_gather import Fp8AllGatherWeight
-from fp8mp.nn.fp8_frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
+from fp8mp.quantized.all_gather_weight import Fp8AllGatherWeight
+from fp8mp.quantized.frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
-from fp8mp.nn.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
+from fp8mp.memory.saved_activations import disable_fp8_saved_activations, enable_fp8_saved_activations
 from fp8mp.scaling.autocast import validate_recipe
-from fp8mp.scaling.recipe import BlockRecipe, Recipe
+from fp8mp.scaling.recipe import Recipe
+from fp8mp.scaling.recipe_registry import quantizer_for
 
 logger = logging.getLogger("fp8mp")
 
@@ -82,16 +83,16 @@ def convert(
         convert_norms: also swap `nn.LayerNorm` / `nn.RMSNorm` for fp8mp's fused norms.
         frozen_weights: None, or "fp8": store every frozen (requires_grad=False) weight of the Linear-like
             modules that `module_filter` accepts in FP8, one byte a parameter, still read as an ordinary
-            tensor (`fp8mp.nn.store_frozen_weights_in_fp8`, fp8mp/nn/fp8_frozen_weight.py). Layers too small
+            tensor (`fp8mp.nn.store_frozen_weights_in_fp8`, fp8mp/quantized/frozen_weight.py). Layers too small
             for FP8 GEMMs are stored too (they decode).
         fp8_saved_activations: also make the activation-function modules (those `module_filter` keeps) store
             what they save for backward in FP8, E4M3 with one fp32 scale per 128 elements, and the norms in bf16
-            (fp8mp/nn/saved_activations.py, which says which modules and what is stored, and why norms keep bf16;
+            (fp8mp/memory/saved_activations.py, which says which modules and what is stored, and why norms keep bf16;
             `enable_fp8_saved_activations(model, norm_format="e4m3")` stores them in E4M3 too).
         fp8_all_gather: make the trainable weight of every fp8mp.nn.Linear (those `module_filter` keeps) an
             `fp8mp.nn.Fp8AllGatherWeight`, which FSDP2 (`fully_shard`, called after `convert`) all-gathers as
             E4M3 codes, one byte an element, and whose gathered codes the FP8 GEMMs take as they are
-            (fp8mp/nn/fp8_all_gather.py; the per-tensor recipes only). Under CurrentScaling call
+            (fp8mp/quantized/all_gather_weight.py; the per-tensor recipes only). Under CurrentScaling call
             `fp8mp.precompute_fp8_weight_scales(model)` after each optimizer step.
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
@@ -113,7 +114,7 @@ def convert(
         raise TypeError(f"argument 'fp8_saved_activations' must be a bool, got {fp8_saved_activations!r}")
     if not isinstance(fp8_all_gather, bool):
         raise TypeError(f"argument 'fp8_all_gather' must be a bool, got {fp8_all_gather!r}")
-    if fp8_all_gather and isinstance(recipe, BlockRecipe):
+    if fp8_all_gather and recipe is not None and quantizer_for(recipe).per_tensor_format is None:
         raise ValueError(f"argument 'fp8_all_gather': FP8 all-gather gathers per-tensor scaled E4M3 codes, but "
                          f"recipe {type(recipe).__name__} scales the weight per block; use DelayedScaling or "
                          "CurrentScaling, or fp8_all_gather=False")
@@ -247,7 +248,7 @@ def store_frozen_weights_in_fp8(model: torch.nn.Module,
 def enable_fp8_all_gather(model: torch.nn.Module, module_filter: ModuleFilter | None = None) -> torch.nn.Module:
     """Make the trainable weight of every fp8mp.nn.Linear of `model` (that `module_filter` accepts) an
     `Fp8AllGatherWeight` parameter, in place and before `fully_shard`: FSDP2 then all-gathers it as E4M3 codes
-    (fp8mp/nn/fp8_all_gather.py). What `convert(model, fp8_all_gather=True)` does. Frozen, FP8-stored and
+    (fp8mp/quantized/all_gather_weight.py). What `convert(model, fp8_all_gather=True)` does. Frozen, FP8-stored and
     already converted weights are left as they are; a weight shared with other modules (tying) is replaced
     in every one of them. Returns `model`."""
     replaced: dict[int, torch.nn.Parameter] = {}

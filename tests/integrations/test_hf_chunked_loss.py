@@ -1,12 +1,12 @@
 """fp8mp.integrations.hf.use_chunked_loss on a tiny LlamaForCausalLM: the same loss and gradients as transformers'
-own loss, the saved-for-backward bytes without the [tokens, vocab] fp32 logits (fp8mp.training.saved_tensors), the
+own loss, the saved-for-backward bytes without the [tokens, vocab] fp32 logits (fp8mp.memory.saved_tensors), the
 model's own forward without labels and after restore_loss, and the heads it refuses."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fp8mp.training.saved_tensors import saved_tensor_bytes
+from fp8mp.memory.saved_tensors import saved_tensor_bytes
 
 
 def tiny_llama(vocab=512, tied=True):

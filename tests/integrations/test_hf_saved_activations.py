@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from fp8mp.training.saved_tensors import saved_tensor_bytes
+from fp8mp.memory.saved_tensors import saved_tensor_bytes
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,7 +52,7 @@ def test_same_forward_bits_gradients_near_and_restore(family):
     assert torch.equal(loss, plain_loss)  # the forward is the model's own, bit for bit
     for name, grad in grads.items():
         # Each saved element is within 2^-4 of itself (a relative error of rms 2^-4 / sqrt(3) = 3.6% where it is
-        # uniform); a gradient passes a few such roundings (the per-op bounds are in tests/nn/test_fp8_recompute.py).
+        # uniform); a gradient passes a few such roundings (the per-op bounds are in tests/memory/test_fp8_recompute.py).
         error = (grad - plain_grads[name]).norm() / plain_grads[name].norm()
         assert error <= 2 * 2.0**-4, (name, error.item())
     assert any((grad != plain_grads[name]).any() for name, grad in grads.items())  # FP8 was used

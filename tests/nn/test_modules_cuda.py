@@ -25,7 +25,7 @@ import torch
 
 import fp8mp
 from fp8mp.nn import GroupedLinear
-from fp8mp.nn.saved_activations import dequantize_saved, quantize_saved
+from fp8mp.memory.saved_activations import dequantize_saved, quantize_saved
 from fp8mp.ops import fp8_grouped_gemm
 from fp8mp.recipe import BlockScaling, DelayedScaling, Format, RowwiseScaling
 from gemm_reference import TENSOR_CORE_MIN_SQNR_DB, fp8_randn, tensor_core_bound

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import fp8mp
-from fp8mp.nn import saved_activations
+from fp8mp.memory import saved_activations
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 from collective_bytes import CollectiveBytes, count_collective_bytes  # noqa: E402
@@ -282,7 +282,7 @@ def frozen_fp8(sharded: bool) -> dict:
         losses.append(total.item())
     weight = local(base[0].weight)
     return {"losses": losses, "held": type(weight).__name__, "held_dtype": weight.dtype, "gathered": gathered,
-            "held_bytes": fp8mp.nn.fp8_frozen_weight.tensor_bytes([weight])}  # its storages' bytes
+            "held_bytes": fp8mp.quantized.frozen_weight.tensor_bytes([weight])}  # its storages' bytes
 
 
 def dcp_round_trip(directory: str) -> dict:

@@ -16,10 +16,10 @@ from transformers.activations import NewGELUActivation
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import fp8mp
-from fp8mp.nn import saved_activations
-from fp8mp.nn.saved_activations import (disable_fp8_saved_activations, enable_fp8_saved_activations,
+from fp8mp.memory import saved_activations
+from fp8mp.memory.saved_activations import (disable_fp8_saved_activations, enable_fp8_saved_activations,
                                         has_fp8_saved_activations, is_fp8_saved_activation_module)
-from fp8mp.training.saved_tensors import saved_tensor_bytes
+from fp8mp.memory.saved_tensors import saved_tensor_bytes
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 from gpt_model import GPT, GPTConfig  # noqa: E402

@@ -5,7 +5,7 @@ A Llama MLP's ``act_fn(gate) * up`` keeps, for backward, ``act_fn(gate)`` and ``
 (2 x 2 bytes an element of the MLP's widest tensor, besides the activation module's own input); scaled dot-product
 attention keeps query, key, value, its output and the log-sum-exps. ``fp8_recompute(function, *args)`` returns
 ``function(*args)`` bit for bit, but saves for backward only its differentiable inputs, each as E4M3 with one fp32
-scale per 1 x 128 group (fp8mp.nn.saved_activations.quantize_saved: 1 + 4/128 bytes an element), and the other
+scale per 1 x 128 group (fp8mp.memory.saved_activations.quantize_saved: 1 + 4/128 bytes an element), and the other
 tensor arguments (masks) as they are. Backward decodes the inputs, runs `function` on them again (under the
 torch.autocast state of the forward) and returns its gradients there: the exact gradient of `function` at inputs
 each within half an E4M3 spacing of its value, ``|x' - x| <= 2^-4 |x|`` (or ``2^-10 * group amax / 448`` for
@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from fp8mp.nn.saved_activations import STORED_DTYPES, dequantize_saved, quantize_saved
+from fp8mp.memory.saved_activations import STORED_DTYPES, dequantize_saved, quantize_saved
 
 __all__ = ["fp8_recompute"]
 

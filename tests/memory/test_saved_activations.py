@@ -1,4 +1,4 @@
-"""FP8-saved activations (fp8mp/nn/saved_activations.py): what backward reads, its gradients against fp64
+"""FP8-saved activations (fp8mp/memory/saved_activations.py): what backward reads, its gradients against fp64
 formulas within E4M3's spacing, the bytes stored, and what is never quantized."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from transformers.activations import GELUActivation
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import fp8mp
-from fp8mp.nn.saved_activations import (dequantize_saved, disable_fp8_saved_activations, enable_fp8_saved_activations,
+from fp8mp.memory.saved_activations import (dequantize_saved, disable_fp8_saved_activations, enable_fp8_saved_activations,
                                         fp8_saved_bytes_per_element, quantize_saved)
-from fp8mp.training.saved_tensors import saved_tensor_bytes
+from fp8mp.memory.saved_tensors import saved_tensor_bytes
 from saved_fp8_reference import FP32_SLACK, GROUP, HALF_SPACING, fp8_error_bound, grouped_input, reference_fake_quant
 
 

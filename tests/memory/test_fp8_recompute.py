@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8mp.nn import fp8_recompute
-from fp8mp.training.saved_tensors import saved_tensor_bytes
+from fp8mp.memory.saved_tensors import saved_tensor_bytes
 from saved_fp8_reference import FP32_SLACK, fp8_error_bound, grouped_input, reference_fake_quant
 
 FP8_BYTES_PER_ELEMENT = 1 + 4 / 128  # E4M3 plus one fp32 scale per 128 elements
