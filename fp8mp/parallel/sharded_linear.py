@@ -1,4 +1,4 @@
-"""fp8mp Linear on the local shards of a tensor-parallel layer (see fp8mp/nn/tensor_parallel.py for the styles).
+"""fp8mp Linear on the local shards of a tensor-parallel layer (see fp8mp/parallel/tensor_parallel.py for the styles).
 
 Under `parallelize_module` with fp8mp's `Fp8ColwiseParallel` / `Fp8RowwiseParallel` the layer gets its weight
 as a DTensor on the tensor-parallel mesh (`Shard(0)` column-wise, `Shard(1)` row-wise) and its input as a
@@ -26,10 +26,9 @@ from __future__ import annotations
 import math
 import torch
 
-from fp8mp.nn.fp8_linear_function import fp8_linear, fp8_linear_gathered
-from fp8mp.optim.sharding import is_dtensor
+from fp8mp.functions.linear import fp8_linear, fp8_linear_gathered
+from fp8mp.utils.dtensor import from_local, is_dtensor
 from fp8mp.scaling.distributed import ranks_missing_from
-from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["check_fp8_group", "gathered_input", "sharded_linear"]
 
@@ -38,12 +37,13 @@ __all__ = ["check_fp8_group", "gathered_input", "sharded_linear"]
 _CHECKED: dict[tuple[object, object], None] = {}
 
 
-def check_fp8_group(module: str, group, mesh, recipe) -> None:
+def check_fp8_group(module: str, group, mesh, quantizer) -> None:
     """Refuse a `fp8_group` that does not contain every rank of the tensor-parallel `mesh` (or no group), and
-    the recipes whose scales cannot follow the whole tensor; `module` names the layer in the message."""
-    if isinstance(recipe, BlockRecipe):
+    the quantizers whose scales cannot follow the whole tensor (block scales: those without a per-tensor
+    format); `module` names the layer in the message."""
+    if quantizer.per_tensor_format is None:
         raise NotImplementedError(
-            f"{module}: {type(recipe).__name__} under tensor parallel is not supported (its block scales would "
+            f"{module}: {quantizer.name} under tensor parallel is not supported (its block scales would "
             "follow each rank's shard, not the whole tensor); use DelayedScaling or CurrentScaling")
     if (group, mesh) in _CHECKED:
         return
@@ -61,12 +61,6 @@ def check_fp8_group(module: str, group, mesh, recipe) -> None:
             f"sharded by tensor parallel over ranks {tp_ranks}: ranks {missing} would scale their shards from "
             "other amaxes. Pass a group covering data x tensor parallel (e.g. torch.distributed.group.WORLD)")
     _CHECKED[(group, mesh)] = None
-
-
-def _global(local: torch.Tensor, mesh, placements, shape: tuple[int, ...]):
-    from torch.distributed.tensor import DTensor
-    stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
 
 
 class _GatheredRoute(torch.autograd.Function):
@@ -122,7 +116,7 @@ def sharded_linear(module: str, x: torch.Tensor, weight: torch.Tensor, bias: tor
         raise ValueError(f"{module}: the weight is a DTensor on a {mesh.ndim}-D mesh and the input on a "
                          f"{x.device_mesh.ndim}-D one; fp8mp runs tensor parallel on a 1-D mesh (the tensor-parallel "
                          "dimension of a larger one), weight and input on the same mesh")
-    check_fp8_group(module, group, mesh, meta.recipe)
+    check_fp8_group(module, group, mesh, meta.quantizer)
     w_placement, x_placement = weight.placements[0], x.placements[0]
     out_shape = (*x.shape[:-1], weight.shape[0])
     last = x.dim() - 1
@@ -139,19 +133,19 @@ def sharded_linear(module: str, x: torch.Tensor, weight: torch.Tensor, bias: tor
             # Each rank's input gradient is its columns' share of the sum: Partial, which the style's input
             # redistribution (or from_local) sums.
             out = local_linear(x.to_local(grad_placements=[Partial()]), w_local, b_local)
-            return _global(out, mesh, [Shard(last)], out_shape)
+            return from_local(out, mesh, [Shard(last)], out_shape)
         x_local, dim = x.to_local(), x_placement.dim % x.dim()
         rows = (math.prod(x.shape[:-1]), x.shape[-1])
 
         def gather(codes):  # one all-gather of one byte an element (gloo has no float8: as uint8)
             local = codes.view(torch.uint8).reshape(x_local.shape)
-            full = _global(local, mesh, [Shard(dim)], tuple(x.shape)).full_tensor()
+            full = from_local(local, mesh, [Shard(dim)], tuple(x.shape)).full_tensor()
             return full.reshape(rows).view(codes.dtype), _GatheredRoute.apply(x_local, mesh, dim, rows)
 
         out = fp8_linear_gathered(x_local, gather, w_local, b_local, meta, group, ran_before)
-        return _global(out.reshape(*x.shape[:-1], out.shape[-1]), mesh, [Shard(last)], out_shape)
+        return from_local(out.reshape(*x.shape[:-1], out.shape[-1]), mesh, [Shard(last)], out_shape)
     if w_placement == Shard(1) and x_placement.is_shard() and x_placement.dim % x.dim() == last:  # row-wise
-        out = _global(local_linear(x.to_local(), weight.to_local(), None), mesh, [Partial()], out_shape)
+        out = from_local(local_linear(x.to_local(), weight.to_local(), None), mesh, [Partial()], out_shape)
         return out if bias is None else out + bias
     raise NotImplementedError(
         f"{module}: weight placements {tuple(weight.placements)} with input placements {tuple(x.placements)} are "

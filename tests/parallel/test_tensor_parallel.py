@@ -1,4 +1,4 @@
-"""fp8mp Linear under torch's tensor parallel, on CPU with gloo: one torchrun launch of tests/nn/tp_worker.py on
+"""fp8mp Linear under torch's tensor parallel, on CPU with gloo: one torchrun launch of tests/parallel/tp_worker.py on
 2 processes (TP 2: column-/row-wise, and sequence parallel with the LayerNorms, its input all-gathered in FP8) and one on 4 (FSDP2 2 x TP 2),
 compared here with one process on the global batch (fp32 parameters, the same optimizers).
 

@@ -1,7 +1,7 @@
-"""Worker for tests/nn/test_tensor_parallel.py, launched by torchrun (gloo, CPU):
+"""Worker for tests/parallel/test_tensor_parallel.py, launched by torchrun (gloo, CPU):
 
-    python -m torch.distributed.run --nproc_per_node 2 ... tests/nn/tp_worker.py OUT_DIR      (tensor parallel 2)
-    python -m torch.distributed.run --nproc_per_node 4 ... tests/nn/tp_worker.py OUT_DIR      (FSDP2 2 x TP 2)
+    python -m torch.distributed.run --nproc_per_node 2 ... tests/parallel/tp_worker.py OUT_DIR      (tensor parallel 2)
+    python -m torch.distributed.run --nproc_per_node 4 ... tests/parallel/tp_worker.py OUT_DIR      (FSDP2 2 x TP 2)
 
 fp8mp Linear layers under tensor parallel (parallelize_module with fp8mp's Fp8ColwiseParallel /
 Fp8RowwiseParallel, torch's SequenceParallel on the LayerNorms), fp32 parameters, the FP8 amaxes reduced over
@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import fp8mp
-from fp8mp.nn.saved_activations import enable_fp8_saved_activations
+from fp8mp.memory.saved_activations import enable_fp8_saved_activations
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations"))
 from framework_helpers import Fp8OpCount  # noqa: E402  (the count of fp8mp ops the framework tests use)
@@ -65,7 +65,7 @@ def plan(layout: str) -> dict:
     """Each block's tensor-parallel plan: fp8mp's styles for its Linear layers, torch's SequenceParallel."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import SequenceParallel
-    from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
+    from fp8mp.parallel.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
     if layout == "tp":
         return {"fc1": Fp8ColwiseParallel(), "fc2": Fp8RowwiseParallel()}
     return {"norm": SequenceParallel(),
@@ -211,7 +211,7 @@ def errors() -> dict[str, str]:
         input: the output's largest difference from the unsharded layer's, and the input placements it got."""
         from torch.distributed.tensor import Shard
         from torch.distributed.tensor.parallel import parallelize_module
-        from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel
+        from fp8mp.parallel.tensor_parallel import Fp8ColwiseParallel
         torch.manual_seed(1)
         whole = torch.nn.Linear(DIM, HIDDEN)
         torch.manual_seed(1)  # the same parameters
