@@ -1,4 +1,5 @@
-"""fp8mp's folders are its layers: every import points down (or sideways within a layer, without circles)."""
+"""fp8mp's folders are its layers: every import points down (or sideways within a layer, without circles). The
+top-level modules are the api layer: they re-export and patch no other module. No file is over MAX_LINES lines."""
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,12 @@ import pytest
 import fp8mp
 
 PACKAGE = pathlib.Path(fp8mp.__file__).parent
-# Bottom up; fp8mp/__init__.py (the public API) sits above them all.
-LAYERS = ["_C", "ops", "optim", "scaling", "nn", "training", "integrations"]
+# Bottom up; the top-level modules (fp8mp/__init__.py and the short paths beside it: fp8mp/recipe.py, ...) are
+# the api layer above them all, and only re-export.
+LAYERS = ["_C", "utils", "ops", "optim", "scaling", "quantized", "functions", "memory", "parallel", "nn", "training",
+          "integrations"]
+API = len(LAYERS)
+MAX_LINES = 400
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -20,7 +25,9 @@ def module_name(path: pathlib.Path) -> str:
 
 def layer_of(module: str) -> int:
     parts = module.split(".")
-    return len(LAYERS) if len(parts) == 1 else LAYERS.index(parts[1])
+    if len(parts) == 1 or parts[1] not in LAYERS:  # fp8mp itself or a top-level module (fp8mp.recipe)
+        return API
+    return LAYERS.index(parts[1])
 
 
 def fp8mp_imports(path: pathlib.Path) -> set[str]:
@@ -47,16 +54,78 @@ MODULES = {module_name(p): p for p in SOURCES} | {"fp8mp._C": None}
 GRAPH = {name: fp8mp_imports(path) for name, path in MODULES.items() if path is not None}
 
 
+TOP_LEVEL = sorted(p for p in PACKAGE.glob("*.py"))
+
+
 def test_every_module_is_in_a_layer():
-    for name in GRAPH:
-        assert layer_of(name) >= 0, name
-    assert {p.name for p in PACKAGE.iterdir() if p.suffix == ".py"} == {"__init__.py"}, "modules belong in a layer's folder"
+    folders = {p.parent.relative_to(PACKAGE).parts[0] for p in SOURCES if p.parent != PACKAGE}
+    assert folders <= set(LAYERS), f"folders of fp8mp that are no layer: {sorted(folders - set(LAYERS))}"
+    for path in TOP_LEVEL:  # what is not in a layer's folder is the api: re-exports only
+        assert layer_of(module_name(path)) == API, path
+
+
+def layer_name(module: str) -> str:
+    return LAYERS[layer_of(module)] if layer_of(module) < API else "api"
 
 
 @pytest.mark.parametrize("name", sorted(GRAPH))
 def test_imports_point_down(name):
     upward = [dep for dep in GRAPH[name] if layer_of(dep) > layer_of(name)]
-    assert not upward, f"{name} (layer {LAYERS[layer_of(name)] if layer_of(name) < len(LAYERS) else 'api'}) imports upward: {upward}"
+    assert not upward, f"{name} (layer {layer_name(name)}) imports upward: {upward}"
+
+
+def reexport_only_problems(path: pathlib.Path) -> list[str]:
+    """What in `path` is more than a docstring, imports and the `__all__` / `__version__` constants."""
+    problems = []
+    for index, node in enumerate(ast.parse(path.read_text()).body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] in (["__all__"], ["__version__"])
+                and all(isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Load)) for n in ast.walk(node.value))):
+            continue
+        problems.append(f"{path.name}:{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    return problems
+
+
+@pytest.mark.parametrize("path", TOP_LEVEL, ids=lambda p: p.name)
+def test_top_level_modules_only_reexport(path):
+    assert reexport_only_problems(path) == [], "the api layer re-exports what the layers define; nothing else"
+
+
+def patching(path: pathlib.Path) -> list[str]:
+    """Where `path` assigns or deletes an attribute or item of another object (another module's attribute,
+    a sys.modules entry), calls setattr / delattr, or names sys at all."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr"):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.alias) and node.name.split(".")[0] == "sys":
+            found.append(f"import {node.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys":
+            found.append(f"from sys import {', '.join(alias.name for alias in node.names)}")
+    return found
+
+
+@pytest.mark.parametrize("path", TOP_LEVEL, ids=lambda p: p.name)
+def test_the_api_patches_no_module(path):
+    assert patching(path) == [], f"{path.name} assigns attributes of other modules or touches sys.modules"
+
+
+def test_the_checkers_catch_patching(tmp_path):
+    bad = tmp_path / "__init__.py"
+    bad.write_text('"""doc."""\nimport sys as _sys\nfrom fp8mp import optim\noptim.X = 1\n'
+                   '_sys.modules["fp8mp.x"] = optim\nsetattr(optim, "Y", 2)\n')
+    assert patching(bad) == ["import sys", "optim.X", "_sys.modules['fp8mp.x']", "setattr(optim, 'Y', 2)"]
+    assert len(reexport_only_problems(bad)) == 3
+
+
+def test_no_file_is_over_the_line_limit():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"files over {MAX_LINES} lines (split them by idea): {long}"
 
 
 def test_no_module_imports_its_own_package():
@@ -88,6 +157,8 @@ def test_no_import_circles():
 
 @pytest.mark.parametrize("layer", LAYERS[1:])
 def test_each_layer_says_what_it_may_import(layer):
+    if not (PACKAGE / layer).is_dir():
+        pytest.skip(f"fp8mp/{layer} holds no module yet")
     doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
     assert doc and "import" in doc.lower(), f"fp8mp/{layer}/__init__.py must open with what lives there and what it may import"
 

@@ -121,3 +121,16 @@ def test_the_user_install_check_runs_in_make_test():
                  "uninstall -y fp8mp"):
         assert step in script, step
     assert "--no-build-isolation" not in script
+
+
+def test_every_folder_of_the_package_ships_in_the_wheel():
+    # setup.py lists the packages as find_packages(include=["fp8mp", "fp8mp.*"]), which finds a folder only by its
+    # __init__.py: a layer's folder without one would be left out of the wheel while the checkout still imports it.
+    import setuptools
+
+    setup_py = (PACKAGE.parent / "setup.py").read_text()
+    assert 'packages=find_packages(include=["fp8mp", "fp8mp.*"])' in setup_py
+    folders = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("*.py")}
+    found = set(setuptools.find_packages(str(PACKAGE.parent), include=["fp8mp", "fp8mp.*"]))
+    assert folders - found == set(), "folders of fp8mp holding modules but no __init__.py"
+    assert {"fp8mp.utils", "fp8mp.memory", "fp8mp.parallel"} <= found
