@@ -15,7 +15,7 @@ experts' gate_up projection (x [T*k, H] @ W[e].T, W [E, 2I, H]) and the weight g
   the gate_up projection; for the weight gradient the same op in its 2-D x 2-D form (groups along K).
 
 The fine-grained recipes' token quantization (--token-quantization TxExKxH, default 512x64x8x2048, a
-Qwen3-MoE-like shape; "none" skips it) times fp8mp.nn.grouped_linear_function.quantize_tokens, both layouts of
+Qwen3-MoE-like shape; "none" skips it) times fp8mp.scaling.block_grouped.quantize_tokens, both layouts of
 the [T*k, H] bf16 tokens with the blocks along the tokens kept inside each expert's group, under RowwiseScaling
 (one block_quantize per expert for that layout), BlockScaling and MXFP8Scaling (one call on the per-group
 zero-padded tokens), against one block_quantize_transpose of the same tokens that ignores the groups.
@@ -142,7 +142,8 @@ def model_step_table(device: str) -> str:
 
 
 def token_quantization_table(T: int, E: int, k: int, H: int, device: str) -> str:
-    from fp8mp.nn.grouped_linear_function import quantize_tokens
+    from fp8mp.scaling.block_grouped import quantize_tokens
+    from fp8mp.scaling.recipe_registry import quantizer_for
     from fp8mp.ops import block_quantize_transpose
     from fp8mp.recipe import BlockScaling, MXFP8Scaling, RowwiseScaling
 
@@ -150,7 +151,7 @@ def token_quantization_table(T: int, E: int, k: int, H: int, device: str) -> str
     sizes = [end - start for start, end in zip(ends, ends[1:])]
     x = torch.randn(T * k, H, generator=torch.Generator().manual_seed(3)).bfloat16().to(device)
     recipes = {"rowwise": RowwiseScaling(), "block 1x128": BlockScaling(), "mxfp8 1x32": MXFP8Scaling()}
-    peers = {name: (lambda r=r: quantize_tokens(x, sizes, r, "e4m3")) for name, r in recipes.items()}
+    peers = {name: (lambda q=quantizer_for(r): quantize_tokens(x, sizes, q, "e4m3")) for name, r in recipes.items()}
     peers["ungrouped"] = lambda: block_quantize_transpose(x, H, T * k, "e4m3", "pow2")
     timed = time_peers(peers, device, rounds=3)
     base = timed["ungrouped"][0]

@@ -3,11 +3,11 @@
     python benchmarks/profile_moe_step.py --threads 1
 
 Prints milliseconds per step (CPU time, inclusive) for the parts of the step: the experts' forward and backward
-as a whole, and within them the FP8 grouped linear's pieces (the per-expert weight casts, the weights' per-expert
-transposes, the token and gradient casts, the grouped GEMMs), the routing ops, and the attention projections'
+as a whole, and within them the FP8 grouped linear's pieces (the per-expert weight casts, the token and
+gradient casts, the grouped GEMMs), the routing ops, and the attention projections'
 FP8 GEMMs and casts. Parts nest (the experts' forward holds its weight casts), so the column does not add up
-to the step. The pieces of the grouped linear are found by wrapping fp8mp.nn.grouped_linear_function's helpers
-in profiler ranges; a helper missing there is left out.
+to the step. The pieces of the grouped linear are found by wrapping the per-tensor grouped call's helpers
+(fp8mp/scaling/per_tensor_grouped.py) in profiler ranges; a helper missing there is left out.
 """
 from __future__ import annotations
 
@@ -22,17 +22,16 @@ from torch.profiler import profile, record_function
 from bench_grouped_gemm import qwen3_moe_step
 from timing import markdown_table, where
 
-# fp8mp.nn.grouped_linear_function's helpers -> the part of the step they are
+# fp8mp.scaling.per_tensor_grouped's helpers -> the part of the step they are
 GROUPED_LINEAR_PARTS = {
     "cast_per_expert": "experts: per-expert weight casts (amax, scale, cast)",
-    "transpose_experts": "experts: per-expert weight transposes",
     "cast_tensorwise_transpose": "experts: token and gradient casts (+ transpose)",
     "fp8_grouped_gemm": "experts: grouped GEMMs fprop + dgrad",
     "fp8_grouped_gemm_wgrad": "experts: grouped GEMM wgrad",
 }
 EXPERTS_FORWARD = "experts forward (total)"
 EXPERTS_BACKWARD = "experts backward (total)"
-BACKWARD_NODES = ("Fp8GroupedLinearFunctionBackward", "GroupedMmBackward0")
+BACKWARD_NODES = ("GroupedLinearFunctionBackward", "GroupedMmBackward0")
 ROUTING_OPS = ("aten::sort", "aten::bincount", "aten::histc", "aten::index", "aten::index_select", "aten::index_copy_",
                "aten::_index_put_impl_", "aten::topk")
 ROUTING = "routing: sort, gather, scatter, top-k (self time)"
@@ -51,14 +50,14 @@ def in_range(label: str, fn):
 
 def label_parts() -> None:
     """Wrap the grouped linear's helpers and both experts implementations in profiler ranges."""
-    import fp8mp.nn.grouped_linear_function as grouped_linear_function
+    import fp8mp.scaling.per_tensor_grouped as per_tensor_grouped
     from transformers.integrations import moe
 
     import fp8mp.integrations.hf_moe as hf_moe
 
     for name, label in GROUPED_LINEAR_PARTS.items():
-        if hasattr(grouped_linear_function, name):
-            setattr(grouped_linear_function, name, in_range(label, getattr(grouped_linear_function, name)))
+        if hasattr(per_tensor_grouped, name):
+            setattr(per_tensor_grouped, name, in_range(label, getattr(per_tensor_grouped, name)))
     moe.ExpertsInterface.register(hf_moe.EXPERTS_IMPLEMENTATION, in_range(EXPERTS_FORWARD, hf_moe.fp8_experts_forward))
     moe.ExpertsInterface.register("grouped_mm", in_range(EXPERTS_FORWARD, moe.grouped_mm_experts_forward))
 

@@ -4,13 +4,13 @@ transformers 5 routes the experts of its MoE architectures (Qwen3-MoE, Mixtral, 
 through one registry, ``transformers.integrations.moe.ExpertsInterface``; a model selects an entry with
 ``model.set_experts_implementation(name)``. :func:`fp8_experts_forward` is registered there as ``"fp8mp"``: it
 runs transformers' own ``grouped_mm`` calling convention (tokens sorted by expert, int32 cumulative offsets, one
-grouped linear for gate_up and one for down) with fp8mp's FP8 grouped linear (fp8mp.nn.grouped_linear_function)
+grouped linear for gate_up and one for down) with fp8mp's FP8 grouped linear (fp8mp.functions.grouped_linear)
 in place of torch._grouped_mm. The expert weights stay the model's own 3-D parameters, so a checkpoint is the
 model's usual one. The experts class's flags are honoured: ``is_transposed`` (weights [E, in, out]),
 ``has_bias`` (per-expert biases, added inside the GEMM's epilogue), ``has_gate`` (gate_up or up), and
 ``is_concatenated`` / the gating through the class's own ``_apply_gate``; ``has_post_expert_norm`` too.
 
-Scaling: fp8_autocast's recipe, as fp8mp.nn.GroupedLinear runs it (fp8mp.nn.grouped_linear_function's
+Scaling: fp8_autocast's recipe, as fp8mp.nn.GroupedLinear runs it (fp8mp.functions.grouped_linear's
 meta_grouped_linear): under the per-tensor recipes one scale for the tokens and one for the gradient from the
 projection's Fp8Meta, one current scale per expert's weight; under the fine-grained ones (RowwiseScaling,
 BlockScaling, MXFP8Scaling) block scales, each group as fp8mp.nn.Linear's block path computes it. Each grouped
@@ -33,9 +33,9 @@ import warnings
 
 import torch
 
+from fp8mp.functions.grouped_linear import group_sizes_of, meta_grouped_linear
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.grouped_linear import GroupedLinear
-from fp8mp.nn.grouped_linear_function import group_sizes_of, meta_grouped_linear
 from fp8mp.scaling.autocast import is_fp8_enabled
 
 __all__ = ["EXPERTS_IMPLEMENTATION", "ExpertsProjectionFp8", "fp8_experts_forward", "register", "select_fp8_experts",

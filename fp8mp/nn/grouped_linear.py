@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from fp8mp.functions.grouped_linear import meta_grouped_linear
 from fp8mp.nn.fp8_module import Fp8Module
-from fp8mp.nn.grouped_linear_function import meta_grouped_linear
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.config_checks import check_int
@@ -46,7 +46,7 @@ class GroupedLinear(Fp8Module):
     largest expert amax). Under the fine-grained recipes (RowwiseScaling, BlockScaling, MXFP8Scaling) each group is
     computed as fp8mp.nn.Linear computes it on that group alone, bit for bit on CPU, forward and backward (the
     block GEMMs of fp8mp.ops.block_scaled_grouped_gemm and block_scaled_grouped_gemm_wgrad, blocks that never span
-    two groups; see fp8mp.nn.grouped_linear_function), nothing read from or written to the Fp8Meta, as on Linear.
+    two groups; see fp8mp.scaling.block_grouped), nothing read from or written to the Fp8Meta, as on Linear.
     in_features and out_features must be multiples of 16 in FP8. `fp8_recipe` and `fp8_fallback` work as on
     fp8mp.nn.Linear.
     """
@@ -138,7 +138,7 @@ class GroupedLinear(Fp8Module):
 
     # ----------------------------------------------------------------------------- Fp8Module's hooks
     def check_input(self, input: torch.Tensor) -> None:
-        # (fp8_linear_function.check_input's checks, naming this forward's argument 'inp')
+        # (fp8mp.functions.linear.check_input's checks, naming this forward's argument 'inp')
         if input.dtype not in HIGH_PRECISION_DTYPES:
             raise TypeError(f"{_NAME}: argument 'inp' must be float32, bfloat16 or float16, got {input.dtype}")
         if input.device != self.weight.device:

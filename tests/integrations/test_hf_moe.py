@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("fp8mp.integrations.hf")
 from fp8mp.integrations import hf_moe  # noqa: E402
 from fp8mp.nn.fp8_state_dict import split_fp8_state  # noqa: E402
+from fp8mp.scaling import block_grouped  # noqa: E402
 
 VOCAB = 128
 
@@ -252,8 +253,8 @@ def test_fine_grained_recipes_forward_near_bf16_and_backward_finite(family, reci
     ids = token_ids()
     with torch.no_grad():
         expected = reference(input_ids=ids).logits.float()
-    with mock.patch("fp8mp.nn.grouped_linear_function.BlockGroupedLinearFunction.apply",
-                    wraps=fp8mp.nn.grouped_linear_function.BlockGroupedLinearFunction.apply) as spy:
+    with mock.patch("fp8mp.scaling.block_grouped.block_scaled_grouped_gemm",
+                    wraps=block_grouped.block_scaled_grouped_gemm) as spy:
         out = model(input_ids=ids, labels=ids)
     moe_layers = len(experts_modules(model))
     assert spy.call_count == 2 * moe_layers and moe_layers >= 1  # every expert projection in block-scaled FP8

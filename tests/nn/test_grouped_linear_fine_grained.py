@@ -169,17 +169,19 @@ def test_the_bound_fails_when_token_blocks_span_two_groups():
 # ----------------------------------------------------------------------------- shapes and errors
 @pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
 def test_experts_stored_in_out_are_each_group_the_block_path_of_a_conv1d_weight_bit_for_bit(recipe):
-    """Weights [E, K, N] (gpt-oss's experts, y = x @ W_g): each group as block_linear computes a [K, N] weight
-    (transformers' Conv1D) on that group alone, the weight gradient in the stored layout."""
-    from fp8mp.nn.block_linear_function import block_linear
-    from fp8mp.nn.grouped_linear_function import BlockGroupedLinearFunction
+    """Weights [E, K, N] (gpt-oss's experts, y = x @ W_g): each group as the block path of LinearFunction computes
+    a [K, N] weight (transformers' Conv1D) on that group alone, the weight gradient in the stored layout."""
+    from fp8mp.functions.grouped_linear import GroupedLinearFunction
+    from fp8mp.functions.linear import LinearFunction
+    from fp8mp.scaling.recipe_registry import quantizer_for
     sizes = GROUPINGS["empty_and_partial_blocks"]
     torch.manual_seed(1)
     x = torch.randn(sum(sizes), 160, requires_grad=True)
     w = (torch.randn(len(sizes), 160, 48) / 8).requires_grad_()
-    formats = (recipe.fp8_format.forward_format, recipe.fp8_format.backward_format)
+    quantizer = quantizer_for(recipe)
     offs = torch.tensor(sizes).cumsum(0).int()
-    y = BlockGroupedLinearFunction.apply(x, w, None, offs, sizes, recipe, formats, True, None)
+    call = quantizer.begin_grouped(None, x, offs, sizes, None, False, x.dtype, weight_in_out=True)
+    y = GroupedLinearFunction.apply(x, w, None, call)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
     y.backward(dy)
     assert w.grad.shape == w.shape
@@ -187,7 +189,8 @@ def test_experts_stored_in_out_are_each_group_the_block_path_of_a_conv1d_weight_
         if sizes[g] == 0:
             continue
         xg, wg = x.detach()[rows].clone().requires_grad_(), w.detach()[g].clone().requires_grad_()
-        yg = block_linear(xg, wg, None, recipe, formats, weight_in_out=True)
+        linear_call = quantizer.begin_linear(None, xg, wg, None, False, xg.dtype, weight_in_out=True)
+        yg = LinearFunction.apply(xg, wg, None, None, None, linear_call)
         yg.backward(dy[rows])
         assert torch.equal(bits(y.detach()[rows]), bits(yg.detach()))
         assert torch.equal(bits(x.grad[rows]), bits(xg.grad)) and torch.equal(bits(w.grad[g]), bits(wg.grad))

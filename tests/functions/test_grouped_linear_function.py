@@ -1,12 +1,14 @@
-"""fp8mp.nn.grouped_linear_function: the FP8 grouped linear's forward and three gradients against float64 per
-expert, within a bound derived from the FP8 formats (below), and its per-expert cast against cast_to_fp8."""
+"""fp8mp.functions.grouped_linear's fp8_grouped_linear: the FP8 grouped linear's forward and three gradients
+against float64 per expert, within a bound derived from the FP8 formats (below), and its per-expert cast
+(fp8mp.scaling.per_tensor_grouped) against cast_to_fp8."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fp8mp.nn.grouped_linear_function import cast_per_expert, current_scale, fp8_grouped_linear
+from fp8mp.functions.grouped_linear import fp8_grouped_linear
 from fp8mp.ops import cast_to_fp8
+from fp8mp.scaling.per_tensor_grouped import cast_per_expert, current_scale
 
 # Round-to-nearest in a format with m mantissa bits moves a normal value by at most 2^-(m+1) of itself, and a
 # subnormal one by at most half the smallest subnormal; in the scaled domain, so that is times scale_inv.
