@@ -1,4 +1,4 @@
-"""Layer 5, integrations with other libraries: fp8mp.integrations.hf (Hugging Face transformers),
+"""Layer integrations, other libraries: fp8mp.integrations.hf (Hugging Face transformers),
 fp8mp.integrations.lightning (a Lightning precision plugin), fp8mp.integrations.accelerate (accelerate),
 fp8mp.integrations.torchtitan (a torchtitan override of its Linear layers; importing it registers the override).
 May import every layer below. The libraries themselves are optional and imported only where

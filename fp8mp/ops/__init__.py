@@ -1,4 +1,4 @@
-"""Layer 1, ops: the Python face of csrc (one module per op family: fake kernels, autograd
+"""Layer ops: the Python face of csrc (one module per op family: fake kernels, autograd
 registration, documented wrappers), FP8 format constants and argument checks (checks.py: the
 C++ checks again, for the fake kernels). Imports only torch and fp8mp's native libraries
 (native.py loads them); every other layer builds on this one."""

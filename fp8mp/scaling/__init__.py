@@ -1,6 +1,6 @@
-"""Layer 2, scaling state: recipes, each module's Fp8Meta buffers, the thread's fp8_autocast
+"""Layer scaling, scaling state: recipes, each module's Fp8Meta buffers, the thread's fp8_autocast
 contexts, amax reduction across ranks, and the argument checks of config objects (recipes, policies,
-trainer config: config_checks.py). May import fp8mp.ops, never fp8mp.nn or fp8mp.training."""
+trainer config: config_checks.py). May import fp8mp.utils, fp8mp.ops and fp8mp.optim, never the layers above."""
 from fp8mp.scaling import distributed, recipe
 from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
 from fp8mp.scaling.fp8_meta import Fp8Meta
