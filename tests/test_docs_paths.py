@@ -73,12 +73,12 @@ needs_checkout = pytest.mark.skipif(not os.path.isdir(os.path.join(REPO, ".git")
 
 def test_the_pattern_finds_paths_and_only_paths():
     text = ("see csrc/common/fp8_format.h, the folder csrc/blockwise/ and tests/ops/test_cast.py::test_x;\n"
-            "[plot](../benchmarks/RESULTS_speedup_cpu.png) and `fp8mp/nn/fp8_weight.py`.\n"
+            "[plot](../benchmarks/RESULTS_speedup_cpu.png) and `fp8mp/quantized/stored_weight.py`.\n"
             "not: https://example.org/docs/index.html, fp8mp/*.abi3.so, benchmarks/bench_<name>.py, "
             "csrc/<family>/x.h, fp8mp.nn.Linear, my_tests/a.py, benchmarks/out, csrc/cast/x.{h,cpp}\n")
     assert [path for _, path in named_paths(text)] == [
         "csrc/common/fp8_format.h", "csrc/blockwise/", "tests/ops/test_cast.py",
-        "benchmarks/RESULTS_speedup_cpu.png", "fp8mp/nn/fp8_weight.py"]
+        "benchmarks/RESULTS_speedup_cpu.png", "fp8mp/quantized/stored_weight.py"]
     assert named_paths("a\nb csrc/ops.cpp") == [(2, "csrc/ops.cpp")]
 
 

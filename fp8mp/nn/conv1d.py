@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
+from fp8mp.functions.linear import check_input, fp8_linear
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.scaling import autocast as autocast_state
 
@@ -25,7 +25,7 @@ class Conv1D(Fp8Module):
     `transformers.pytorch_utils.Conv1D`, plus the FP8 scaling state (`fp8_meta.*`). Outside
     fp8_autocast it computes exactly as transformers' Conv1D. In FP8 it runs the three GEMMs of
     `fp8mp.nn.Linear` on the weight as stored: the FP8 cast writes both layouts the GEMMs need,
-    so there is no transpose copy of the weight per step (see fp8mp/nn/fp8_linear_function.py).
+    so there is no transpose copy of the weight per step (see fp8mp/functions/linear.py).
     `fp8_recipe` and `fp8_fallback` work as on fp8mp.nn.Linear; the weight stays high precision
     (no FP8 weight storage).
     """

@@ -71,7 +71,7 @@ class Fp8Module(torch.nn.Module):
 
         ran_before: the module already ran in the innermost fp8_autocast context (a repeated call in one
         step), which delayed scaling needs to know to reduce amaxes across ranks (see fp8_linear in
-        fp8mp/nn/fp8_linear_function.py).
+        fp8mp/functions/linear.py).
         """
         ran_before = autocast_state.record_module(self)
         if self.fp8_fallback:

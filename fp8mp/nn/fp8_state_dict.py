@@ -66,3 +66,19 @@ def load_state_dict(model: torch.nn.Module, state_dict: Mapping[str, object], st
                     "none for them)", len(fresh))
     kept = {key: value for key, value in state_dict.items() if fp8_state_owner(key) not in orphans}
     return model.load_state_dict(kept, strict=strict, assign=assign)
+
+
+def state_dict_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and persistent buffers, each storage once.
+
+    The FP8 scaling state of fp8mp modules (amax history, scales) is not weights and is not counted.
+    """
+    seen, total = set(), 0
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if not isinstance(tensor, torch.Tensor) or fp8_state_owner(key) is not None:
+            continue
+        key = (tensor.untyped_storage().data_ptr(), tensor.device)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.untyped_storage().nbytes()
+    return total

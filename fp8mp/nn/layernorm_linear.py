@@ -4,9 +4,7 @@ from __future__ import annotations
 import torch
 
 from fp8mp.scaling import autocast as autocast_state
-from fp8mp.nn.norm_linear_function import norm_block_fp8_linear, norm_fp8_linear
-from fp8mp.scaling.fp8_meta import GRAD, INPUT
-from fp8mp.scaling.recipe import BlockRecipe, BlockScaling, DelayedScaling, MXFP8Scaling
+from fp8mp.functions.norm_linear import norm_fp8_linear
 from fp8mp.nn.linear import Linear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm, check_eps
 
@@ -55,24 +53,19 @@ class LayerNormLinear(torch.nn.Module):
         return linear.run_fp8(input, self._fused_forward, lambda x: linear.fallback_forward(self.norm(x)))
 
     def _runs_fused(self, recipe) -> bool:
-        """Whether the norm writes FP8 itself under `recipe`: block-scaled recipes (BlockScaling, MXFP8Scaling),
-        and delayed scaling from its second step on with a high-precision weight."""
+        """Whether the norm writes FP8 itself under `recipe`: where its quantizer says it may (block-scaled
+        recipes but rowwise; delayed scaling from its second step on, with a weight not stored in FP8)."""
         linear = self.linear
         if linear.fp8_fallback:
             return False
-        if isinstance(recipe, BlockScaling) or isinstance(recipe, MXFP8Scaling):
-            return True
-        return isinstance(recipe, DelayedScaling) and linear.fp8_meta.is_initialized() and not linear.stores_fp8_weight
+        meta = linear.fp8_meta
+        with meta.lock():
+            meta.configure(recipe)
+            return meta.quantizer.fuses_norm(meta, linear.stores_fp8_weight)
 
     def _fused_forward(self, input: torch.Tensor, ran_before: bool) -> torch.Tensor:
         linear = self.linear
         meta = linear.fp8_meta
-        recipe = meta.recipe
-        is_layernorm = isinstance(self.norm, LayerNorm)
-        if isinstance(recipe, BlockRecipe):
-            weight, stored = linear.fp8_weight_operands(recipe)
-            formats = (meta.format_of(INPUT), meta.format_of(GRAD))
-            return norm_block_fp8_linear(input, self.norm, weight, linear.bias, recipe, formats, self.eps, is_layernorm,
-                                         stored)
-        return norm_fp8_linear(input, self.norm, linear.weight, linear.bias, meta, self.eps, is_layernorm=is_layernorm,
-                               group=autocast_state.get_fp8_group(), ran_before=ran_before)
+        weight, stored = linear.fp8_weight_operands(meta.quantizer)
+        return norm_fp8_linear(input, self.norm, weight, linear.bias, meta, self.eps, isinstance(self.norm, LayerNorm),
+                               stored=stored, group=autocast_state.get_fp8_group(), ran_before=ran_before)

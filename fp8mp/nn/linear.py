@@ -6,18 +6,14 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from fp8mp.scaling import autocast as autocast_state
-from fp8mp.nn import fp8_weight as fp8_weight_storage
-from fp8mp.nn.block_linear_function import stored_weight_operands
-from fp8mp.nn.fp8_linear_function import check_input, fp8_linear
-from fp8mp.nn.fp8_all_gather import Fp8GatheredWeight
-from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight
+from fp8mp.functions.linear import check_input, fp8_linear
 from fp8mp.nn.fp8_module import Fp8Module
-from fp8mp.nn.sharded_linear import gathered_input, sharded_linear
-from fp8mp.optim.sharding import is_dtensor
-
-# The buffers an FP8-stored weight may have, in the order stored_weight_operands takes the block ones.
-FP8_WEIGHT_BUFFERS = ("weight_fp8", "weight_scale_inv", "weight_fp8_t", "weight_scale_inv_t", "weight_scale")
+from fp8mp.parallel.sharded_linear import gathered_input, sharded_linear
+from fp8mp.quantized import stored_weight as fp8_weight_storage
+from fp8mp.quantized.stored_weight import STORED_WEIGHT_BUFFERS, StoredFp8Weight
+from fp8mp.quantized.weight_operands import WeightOperands, weight_operands
+from fp8mp.scaling import autocast as autocast_state
+from fp8mp.utils.dtensor import is_dtensor
 
 
 class Linear(Fp8Module, torch.nn.Linear):
@@ -31,12 +27,12 @@ class Linear(Fp8Module, torch.nn.Linear):
     the input gradient has the input's dtype, the weight gradient the weight's.
 
     A frozen `weight` stored by `fp8mp.convert(model, frozen_weights="fp8")` is an Fp8FrozenWeight
-    (fp8mp/nn/fp8_frozen_weight.py): its E4M3 codes and scale go to the FP8 GEMM as they are.
+    (fp8mp/quantized/frozen_weight.py): its E4M3 codes and scale go to the FP8 GEMM as they are.
 
     fp8_weight=True (default: True inside `fp8mp.fp8_model_init()`) stores the weight in FP8
     (buffers weight_fp8, weight_scale, weight_scale_inv; `weight` is None), for inference or frozen
     (`freeze_weight()`), or trained through FP32 masters held by the deprecated
-    `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/nn/fp8_weight.py. Under
+    `fp8mp.optim.MasterWeightOptimizer`; see fp8mp/quantized/stored_weight.py. Under
     `fp8_model_init(recipe=R)` with a fine-grained R the buffers are R's (weight_fp8 and its block
     scales weight_scale_inv, plus weight_fp8_t / weight_scale_inv_t where R's blocks are not square).
     Outside fp8_autocast such a layer computes in the input's dtype with the decoded weight.
@@ -75,32 +71,27 @@ class Linear(Fp8Module, torch.nn.Linear):
 
     def fp8_forward(self, input: torch.Tensor, ran_before: bool) -> torch.Tensor:
         meta = self.fp8_meta
-        weight, stored = self.fp8_weight_operands(meta.recipe)
+        weight, stored = self.fp8_weight_operands(meta.quantizer)
         group = autocast_state.get_fp8_group()
         if is_dtensor(weight) or is_dtensor(input):  # tensor parallel: run on the local shards
             if stored is not None:
                 raise NotImplementedError("fp8mp.nn.Linear: an FP8-stored or frozen FP8 weight under tensor parallel "
                                           "is not supported; keep the weight a high-precision parameter")
             return sharded_linear("fp8mp.nn.Linear", input, weight, self.bias, meta, group, ran_before)
-        return fp8_linear(input, weight, self.bias, meta, fp8_weight=stored, group=group, ran_before=ran_before)
+        return fp8_linear(input, weight, self.bias, meta, stored=stored, group=group, ran_before=ran_before)
 
-    def fp8_weight_operands(self, recipe) -> tuple[torch.Tensor | None, object]:
-        """(weight, stored) as the FP8 linear functions take them under `recipe`: the `weight` parameter and
-        None; for a weight FSDP2 all-gathered in FP8 (fp8mp/nn/fp8_all_gather.py) the parameter and its
-        (codes, scale_inv); for a frozen Fp8FrozenWeight under a per-tensor E4M3 recipe, None and its (codes, scale_inv);
-        or, for an FP8-stored weight, the leaf that receives its gradient (the master, or None) and
-        the stored operands (refusing a recipe of another weight layout)."""
+    def fp8_weight_operands(self, quantizer) -> WeightOperands:
+        """(leaf, stored) of this layer's weight under `quantizer` (fp8mp/quantized/weight_operands.py): the weight
+        parameter, whatever its form (plain, frozen FP8, FSDP2-gathered FP8), or the FP8 weight this layer
+        stores in its buffers."""
         weight = self.weight
-        if isinstance(weight, Fp8GatheredWeight):  # FSDP2 gathered it in FP8: the leaf, and its codes as they are
-            return weight, weight.fp8_operands()
-        if isinstance(weight, Fp8FrozenWeight) and fp8_weight_storage.block_weight_layout(recipe) is None \
-                and recipe.fp8_format.forward_format == "e4m3":
-            # the codes are what a current-scaling cast of the decoded weight gives: use them as they are
-            return None, weight.fp8_operands()
-        if weight is not None:
-            return weight, None
-        stored = self._stored_weight_for(recipe)
-        return self._weight_grad_leaf(), stored
+        return weight_operands(weight if weight is not None else self.stored_fp8_weight(), quantizer)
+
+    def stored_fp8_weight(self) -> StoredFp8Weight:
+        """The FP8 weight this layer stores (fp8_weight=True), as the weight interface offers it."""
+        self._require_fp8_weight("stored_fp8_weight")
+        buffers = {name: self._buffers[name] for name in self._fp8_weight_buffers}
+        return StoredFp8Weight(buffers, self.fp8_weight_layout, self._fp8_weight_recipe, self._weight_grad_leaf)
 
     # ----------------------------------------------------------------------------- FP8 weight storage
     def store_weight_in_fp8(self, recipe=None) -> None:
@@ -112,18 +103,11 @@ class Linear(Fp8Module, torch.nn.Linear):
         recipe = recipe or self.fp8_recipe or fp8_weight_storage.model_init_recipe()
         weight = self.weight.detach()
         self.register_parameter("weight", None)
-        self.fp8_weight_layout = fp8_weight_storage.block_weight_layout(recipe)
+        self.fp8_weight_layout = fp8_weight_storage.stored_weight_layout(recipe)
         self._fp8_weight_recipe = recipe if self.fp8_weight_layout is not None else None
-        if self.fp8_weight_layout is not None:
-            for name, value in fp8_weight_storage.block_weight_buffers(weight, recipe).items():
-                self.register_buffer(name, value)
-        else:
-            factory = dict(dtype=torch.float32, device=weight.device)
-            self.register_buffer("weight_fp8", torch.empty_like(weight, dtype=fp8_weight_storage.WEIGHT_DTYPE))
-            self.register_buffer("weight_scale", torch.ones(1, **factory))
-            self.register_buffer("weight_scale_inv", torch.ones(1, **factory))
-            self.quantize_weight_from(weight)
-        self._fp8_weight_buffers = tuple(name for name in FP8_WEIGHT_BUFFERS if name in self._buffers)
+        for name, value in fp8_weight_storage.stored_weight_buffers(weight, self._fp8_weight_recipe).items():
+            self.register_buffer(name, value)
+        self._fp8_weight_buffers = tuple(name for name in STORED_WEIGHT_BUFFERS if name in self._buffers)
 
     def _apply(self, fn, recurse=True):
         # model.bfloat16() / .to(dtype) convert every floating-point buffer, float8 included: keep the
@@ -150,31 +134,15 @@ class Linear(Fp8Module, torch.nn.Linear):
         if source.shape != self.weight_fp8.shape:
             raise ValueError(f"fp8mp.nn.Linear.quantize_weight_from: argument 'source' must have shape "
                              f"{tuple(self.weight_fp8.shape)}, got {tuple(source.shape)}")
-        if self.fp8_weight_layout is not None:
-            buffers = {name: self._buffers[name] for name in self._fp8_weight_buffers}
-            fp8_weight_storage.block_quantize_weight_(source, self._fp8_weight_recipe, buffers)
-        else:
-            fp8_weight_storage.quantize_weight_(source, self.weight_fp8, self.weight_scale, self.weight_scale_inv)
+        buffers = {name: self._buffers[name] for name in self._fp8_weight_buffers}
+        StoredFp8Weight(buffers, self.fp8_weight_layout, self._fp8_weight_recipe).quantize_from_(source)
 
     def decode_stored_weight(self, dtype: torch.dtype, master: torch.Tensor | None = None) -> torch.Tensor:
         """The stored FP8 weight decoded to `dtype` [N, K]; differentiable into `master` when one is given."""
         self._require_fp8_weight("decode_stored_weight")
-        layout = self.fp8_weight_layout
-        blocks = None if layout is None else (layout.block_rows, layout.block_k or self.in_features)
-        return fp8_weight_storage.decode_weight(self.weight_fp8, self.weight_scale_inv, dtype, master, blocks)
-
-    def _stored_weight_for(self, recipe):
-        """The stored weight as fp8_linear takes it under `recipe`; refuses a recipe of another weight layout."""
-        needed = fp8_weight_storage.block_weight_layout(recipe)
-        if needed != self.fp8_weight_layout:
-            stored = self.fp8_weight_layout or "per-tensor scaling (DelayedScaling / CurrentScaling)"
-            raise RuntimeError(
-                f"fp8mp.nn.Linear: this layer's FP8 weight is stored for {stored}, but it runs under "
-                f"{type(recipe).__name__}, which needs {needed or 'one per-tensor scale'}: create the model inside "
-                "fp8mp.fp8_model_init(recipe=...) with the recipe it runs under")
-        if needed is None:
-            return self.weight_fp8, self.weight_scale_inv
-        return stored_weight_operands(recipe, *(self._buffers[name] for name in self._fp8_weight_buffers))
+        buffers = {name: self._buffers[name] for name in self._fp8_weight_buffers}
+        stored = StoredFp8Weight(buffers, self.fp8_weight_layout, self._fp8_weight_recipe)
+        return stored.decode(dtype, master, self.in_features)
 
     def attach_master_weight(self, master: torch.nn.Parameter) -> None:
         """Make `master` (an FP32 Parameter of the weight's shape) the leaf that receives dW.

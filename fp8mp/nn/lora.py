@@ -42,7 +42,7 @@ class LoRALinear(torch.nn.Module):
         fp8_base_weight: store the base weight in FP8 (needs an fp8mp.nn.Linear base; convert a torch
             one with `fp8mp.nn.Linear.from_linear` or `fp8mp.convert` first).
         fp8_base_recipe: the recipe the FP8 base weight is quantized for (block scales for the
-            fine-grained recipes, see fp8mp/nn/fp8_weight.py); default the base's fp8_recipe, else
+            fine-grained recipes, see fp8mp/quantized/stored_weight.py); default the base's fp8_recipe, else
             fp8_model_init's, else one per-tensor scale. Ignored when the base already stores FP8.
     """
 

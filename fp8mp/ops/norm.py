@@ -28,10 +28,10 @@ import torch
 
 from fp8mp.ops import native  # noqa: F401  (loads the libraries and their registrations)
 from fp8mp.ops import checks
-from fp8mp.ops.blockwise import refuse_cuda
+from fp8mp.ops.blockwise import block_quantize_transpose, refuse_cuda
 
-NORM_BLOCK_FP8_CUDA_MISSING = ("fp8mp has no fused CUDA kernel for it (CPU only); on CUDA, fp8mp.nn.LayerNormLinear "
-                               "runs the norm, then fp8mp.ops.block_quantize_transpose")
+NORM_BLOCK_FP8_CUDA_MISSING = ("fp8mp has no fused CUDA kernel for it (CPU only); on CUDA, fp8mp.ops.norm.norm_to_block_fp8 "
+                               "(what fp8mp.nn.LayerNormLinear calls) runs the norm, then fp8mp.ops.block_quantize_transpose")
 from fp8mp.ops.errors import raising_value_errors
 from fp8mp.ops.format import FP8_DTYPES
 
@@ -43,6 +43,7 @@ __all__ = [
     "rms_norm_fp8",
     "rms_norm_backward",
     "norm_block_fp8",
+    "norm_to_block_fp8",
 ]
 
 
@@ -281,3 +282,19 @@ def norm_block_fp8(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Option
     refuse_cuda("fp8mp.ops.norm_block_fp8", NORM_BLOCK_FP8_CUDA_MISSING, x)
     return torch.ops.fp8mp.norm_fwd_block_fp8(x, weight, bias, eps, is_layernorm, zero_centered_gamma, row_block,
                                               col_block, fmt, scale_mode)
+
+
+def norm_to_block_fp8(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+                      is_layernorm: bool, row_block: int, col_block: int, fmt: str = "e4m3", scale_mode: str = "fp32",
+                      zero_centered_gamma: bool = False):
+    """:func:`norm_block_fp8`'s results on any device: its fused kernel where there is one (CPU), else the norm op
+    followed by ``block_quantize_transpose`` of its output (CUDA), the computation the fused kernel equals bit for
+    bit, at the cost of one more write and read of the normalized activation."""
+    if not x.is_cuda:
+        return norm_block_fp8(x, weight, bias, eps, is_layernorm, row_block, col_block, fmt, scale_mode,
+                              zero_centered_gamma)
+    if is_layernorm:
+        out, mean, rstd = torch.ops.fp8mp.layernorm_fwd(x, weight, bias, eps, zero_centered_gamma)
+    else:
+        (out, rstd), mean = torch.ops.fp8mp.rmsnorm_fwd(x, weight, eps, zero_centered_gamma), x.new_empty(0, dtype=torch.float32)
+    return (*block_quantize_transpose(out, row_block, col_block, fmt, scale_mode), mean, rstd)

@@ -50,7 +50,6 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from fp8mp.scaling.recipe import BlockRecipe
 
 __all__ = ["reduce_pending_amaxes", "reduce_every_pending_amax", "remember_modules", "all_reduce_amax_",
            "ranks_missing_from", "reduce_module_amaxes", "require_group_covering"]
@@ -91,7 +90,8 @@ def remember_modules(group, modules) -> None:
     pending = _PENDING.setdefault(group, {})
     for m in modules:
         # The fine-grained recipes scale each block from its own values: no amax to agree on (recipe.py).
-        if not isinstance(m.fp8_meta.recipe, BlockRecipe):
+        quantizer = m.fp8_meta.quantizer  # (None: a module that fell back, never configured)
+        if quantizer is None or quantizer.reduces_amaxes:
             pending[id(m)] = weakref.ref(m)
 
 

@@ -7,74 +7,18 @@ one op call per step (`update_amax_history_and_scale`), not a loop per tensor.
 from __future__ import annotations
 
 import contextlib
-import enum
 import threading
-from typing import Callable, NamedTuple
 
 import torch
 
-from fp8mp.optim.sharding import is_dtensor
-from fp8mp.scaling import autocast as autocast_state
-from fp8mp.scaling import distributed
-from fp8mp.scaling.recipe import BlockRecipe, CurrentScaling, DelayedScaling, Recipe, gemm_fast_accum
-from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
+from fp8mp.utils.dtensor import is_dtensor
+from fp8mp.scaling.columns import GRAD, INPUT, WEIGHT, Fp8Columns, LinearTensor, columns_of, fold_amax_, tensor_amax  # noqa: F401
+from fp8mp.scaling.recipe_registry import quantizer_for
+from fp8mp.scaling.recipe import DelayedScaling, Recipe
 from fp8mp.ops.format import FP8_MAX
 
 
 _NO_LOCK = contextlib.nullcontext()
-
-
-def fold_amax_(step_amax: torch.Tensor, amax: torch.Tensor) -> None:
-    """step_amax <- max(step_amax, amax) in place, NaN-propagating: one kernel after a cast."""
-    torch.maximum(step_amax, amax, out=step_amax)
-
-
-class Fp8Columns(NamedTuple):
-    """1-element views of each column of an Fp8Meta's scale, scale_inv, amax and step_amax (the scale and
-    amax arguments the cast and GEMM ops take), and amax_head[n] / step_amax_head[n], the views [:n]
-    that a forward folds. step_amax and step_amax_head are None where step_amax is."""
-
-    scale: tuple[torch.Tensor, ...]
-    scale_inv: tuple[torch.Tensor, ...]
-    amax: tuple[torch.Tensor, ...]
-    step_amax: tuple[torch.Tensor, ...] | None
-    amax_head: tuple[torch.Tensor, ...]
-    step_amax_head: tuple[torch.Tensor, ...] | None
-
-
-def columns_of(scale: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor,
-               step_amax: torch.Tensor | None) -> Fp8Columns:
-    """The Fp8Columns of these buffers, sliced now (see Fp8Meta.columns for the cached ones)."""
-    def cols(t):
-        return tuple(t[i : i + 1] for i in range(t.shape[0]))
-
-    def heads(t):
-        return tuple(t[:n] for n in range(t.shape[0] + 1))
-
-    return Fp8Columns(cols(scale), cols(scale_inv), cols(amax), None if step_amax is None else cols(step_amax),
-                      heads(amax), None if step_amax is None else heads(step_amax))
-
-
-def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
-    """max |tensor| as a [1] float32 tensor (0 for an empty tensor: an amax of 0 keeps the previous scale)."""
-    if tensor.numel() == 0:
-        return torch.zeros(1, device=tensor.device)
-    return tensor.detach().abs().amax().float().reshape(1)
-
-
-class LinearTensor(enum.IntEnum):
-    """Column of each FP8 tensor of a Linear in its Fp8Meta.
-
-    Code that torch.compile traces uses the plain ints below (INPUT, WEIGHT, GRAD): torch 2.12's dynamo
-    treats an enum member as an opaque value and cannot trace ``LinearTensor.INPUT + 1``.
-    """
-
-    INPUT = 0
-    WEIGHT = 1
-    GRAD_OUTPUT = 2
-
-
-INPUT, WEIGHT, GRAD = int(LinearTensor.INPUT), int(LinearTensor.WEIGHT), int(LinearTensor.GRAD_OUTPUT)
 
 
 # A fresh module's history length: the default recipe's, the one most checkpoints are saved with.
@@ -127,6 +71,7 @@ class Fp8Meta(torch.nn.Module):
         self.num_tensors = num_tensors
         self.backward_tensors = tuple(int(i) for i in backward_tensors)  # plain ints: see LinearTensor
         self.recipe: Recipe | None = None
+        self.quantizer = None  # quantizer_for(self.recipe), set by configure()
         self._lock = threading.RLock()
         factory = dict(dtype=torch.float32, device=device)
         self.register_buffer("amax", torch.zeros(num_tensors, **factory))
@@ -141,7 +86,6 @@ class Fp8Meta(torch.nn.Module):
         self.register_buffer("fp8_max", torch.ones(num_tensors, **factory), persistent=False)
         self.register_buffer("step_amax", torch.zeros(num_tensors, **factory), persistent=False)
         self._column_cache = None  # see columns()
-        self._linear_settings = None  # see linear_settings()
         self._scales_prepared_in = None  # see prepare_gathered_weight_scale()
 
     # ------------------------------------------------------------ threads
@@ -170,7 +114,8 @@ class Fp8Meta(torch.nn.Module):
         super().__setstate__(state)
         self._lock = threading.RLock()
         self._column_cache = None
-        self.__dict__.setdefault("_linear_settings", None)  # (a module pickled before it existed)
+        if "quantizer" not in self.__dict__:  # (a module pickled before quantizers): configure() anew
+            self.recipe = self.quantizer = None
         self._scales_prepared_in = None
 
     # ------------------------------------------------------------ what every FP8 linear call passes on
@@ -240,7 +185,7 @@ class Fp8Meta(torch.nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         if not self.initialized.is_meta:
             self._initialized = bool(self.initialized.item())
-        self.recipe = None  # the next forward re-reads formats; a history of matching length is kept
+        self.recipe = self.quantizer = None  # the next forward re-reads formats; a history of matching length is kept
 
     def format_of(self, index: int) -> str:
         assert self.recipe is not None
@@ -248,7 +193,8 @@ class Fp8Meta(torch.nn.Module):
         return fmt.backward_format if index in self.backward_tensors else fmt.forward_format
 
     def configure(self, recipe: Recipe) -> None:
-        """Adopt `recipe` (history length, formats); a no-op when it is the one already in use."""
+        """Adopt `recipe` and its quantizer (`self.quantizer`, fp8mp/scaling/quantizer.py: the history length it
+        keeps, the formats); a no-op when it is the recipe already in use."""
         if recipe is self.recipe:
             return
         if is_dtensor(self.fp8_max):
@@ -256,72 +202,14 @@ class Fp8Meta(torch.nn.Module):
                             "RowwiseParallel (distribute_module) replicate every buffer of the modules they shard. "
                             "Parallelize fp8mp Linear layers with fp8mp.nn.tensor_parallel.Fp8ColwiseParallel / "
                             "Fp8RowwiseParallel, which keep them plain tensors")
-        # Current scaling keeps whatever history there is (unused), so checkpoint shapes do not depend on the recipe.
-        if isinstance(recipe, DelayedScaling) and self.amax_history.shape[0] != recipe.amax_history_len:
-            self.amax_history = self.amax_history.new_zeros(recipe.amax_history_len, self.num_tensors)
-        self.recipe = recipe
+        quantizer = quantizer_for(recipe)
+        # A quantizer without a history (current and block scaling) keeps whatever history there is (unused), so
+        # checkpoint shapes do not depend on the recipe.
+        history_len = quantizer.amax_history_len
+        if history_len is not None and self.amax_history.shape[0] != history_len:
+            self.amax_history = self.amax_history.new_zeros(history_len, self.num_tensors)
+        self.recipe, self.quantizer = recipe, quantizer
         self.fp8_max.copy_(torch.tensor([FP8_MAX[self.format_of(i)] for i in range(self.num_tensors)]))
-
-    def linear_settings(self) -> tuple[tuple[str, str], tuple[bool, bool, bool]]:
-        """((input format, gradient format), gemm_fast_accum) under the recipe in use: what every FP8 linear call
-        passes its autograd function, worked out once per recipe (recipes are frozen) rather than per call."""
-        recipe = self.recipe
-        cached = self._linear_settings
-        if cached is None or cached[0] is not recipe:
-            cached = (recipe, (self.format_of(INPUT), self.format_of(GRAD)), gemm_fast_accum(recipe))
-            if not torch.compiler.is_compiling():  # (a traced call just computes them)
-                self._linear_settings = cached
-        return cached[1], cached[2]
-
-    # ------------------------------------------------------------ the scale policy: one method per step
-    def prepare_forward_scales(self, input: torch.Tensor | None, weight: torch.Tensor | None, group=None,
-                               ran_before: bool = False) -> Callable[[torch.Tensor], None] | None:
-        """Set the scales this forward's casts use, per the recipe in use (the caller holds `lock()`).
-
-        Delayed scaling: one update of every scale from the amax history (`step_delayed_scaling`), after
-        reducing the amaxes across `group` when `ran_before` (the module already ran in this fp8_autocast
-        context, so its last amaxes were not reduced at the context's entry). Current scaling (and the
-        first step of delayed scaling): the INPUT and WEIGHT scales from `input` and `weight` themselves,
-        each amax reduced across `group`; None for a tensor cast elsewhere (a fused norm's input, a stored
-        FP8 weight). Returns what backward calls with the output gradient before its cast: None under
-        delayed scaling, else a setter of the GRAD scale from the gradient.
-        """
-        if not self.uses_current_scaling():
-            prepared, self._scales_prepared_in = self._scales_prepared_in, None
-            if prepared is not None and prepared is autocast_state.current_context():
-                return None  # an FP8 all-gather of the weight updated the scales just before this forward
-            self._update_delayed_scales(group, ran_before)
-            return None
-        if input is not None:
-            self.set_scale_from(INPUT, input, group)
-        if weight is not None:
-            self.set_scale_from(WEIGHT, weight, group)
-        return lambda grad: self.set_scale_from(GRAD, grad, group)
-
-    def _update_delayed_scales(self, group, ran_before: bool) -> None:
-        if group is not None and ran_before:
-            distributed.all_reduce_amax_(self.amax, group)
-        self.step_delayed_scaling()
-
-    def prepare_gathered_weight_scale(self, weight_amax: Callable[[], torch.Tensor], group=None,
-                                      ran_before: bool = False) -> torch.Tensor | None:
-        """FP8 all-gather (fp8mp/nn/fp8_all_gather.py): set the WEIGHT scale before FSDP2 gathers the weight,
-        that is before this module's forward (the caller holds `lock()`, the recipe configured).
-
-        Delayed scaling: the forward's whole scale update (`prepare_forward_scales`) runs now instead, and the
-        forward in the same fp8_autocast context skips it, so every column gets the scale it would have got.
-        Current scaling (and delayed scaling's first step): the WEIGHT scale from `weight_amax()`, the whole
-        weight's amax (the caller reduces the shards' over the group they are sharded over); the INPUT and
-        GRAD scales are left to the forward. Returns that whole amax, or None under delayed scaling (the
-        cast then records its shard's amax, which the next fp8_autocast entry reduces over `group`).
-        """
-        if not self.uses_current_scaling():
-            self._update_delayed_scales(group, ran_before)
-            self._scales_prepared_in = autocast_state.current_context()
-            return None
-        amax = weight_amax()
-        self.set_scale_from_amax(WEIGHT, amax)
-        return amax
 
     def forward_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(scale, scale_inv, amax, step_amax) as a forward's casts read and write them: step_amax, into which
@@ -329,31 +217,6 @@ class Fp8Meta(torch.nn.Module):
         checks), else None."""
         scale, scale_inv, amax, step_amax = self.scaling_buffers()
         return scale, scale_inv, amax, step_amax if torch.is_grad_enabled() else None
-
-    def step_delayed_scaling(self) -> None:
-        """Push the last step's amaxes into the history and recompute every scale (one op call)."""
-        recipe = self.recipe
-        assert isinstance(recipe, DelayedScaling)
-        buffers = self._buffers  # (not self.amax etc.: five Module.__getattr__ calls per forward)
-        update_amax_history_and_scale(buffers["amax"], buffers["amax_history"], buffers["scale"], buffers["scale_inv"],
-                                      buffers["fp8_max"], recipe.margin, recipe.amax_compute_algo)
-
-    def set_scale_from(self, index: int, tensor: torch.Tensor, group=None) -> None:
-        """Current scaling: scale of column `index` from `tensor`'s own amax (extra read of tensor).
-
-        group: a torch.distributed ProcessGroup over which that amax is max-reduced first (one
-        all_reduce per call), so every rank gets the same scale; None: this rank's amax alone.
-        """
-        self.set_scale_from_amax(index, tensor_amax(tensor), group)
-
-    def set_scale_from_amax(self, index: int, amax: torch.Tensor, group=None) -> None:
-        """Current scaling: scale of column `index` from `amax` ([1] float32), max-reduced over `group` first
-        (in place) when one is given."""
-        if group is not None:
-            amax = distributed.all_reduce_amax_(amax, group)
-        new_scale = compute_scale(amax, float(FP8_MAX[self.format_of(index)]), self.recipe.margin, self.scale[index : index + 1])
-        self.scale[index : index + 1].copy_(new_scale)
-        self.scale_inv[index : index + 1].copy_(new_scale.reciprocal())
 
     def reset_scaling(self) -> None:
         """Forget amaxes, history and scales: the next forward sets scales from the data, as on step 0."""
@@ -372,9 +235,3 @@ class Fp8Meta(torch.nn.Module):
             flags = ~torch.isfinite(self.step_amax)
             self.step_amax.zero_()
         return flags
-
-    def uses_current_scaling(self) -> bool:
-        """True under CurrentScaling and the fine-grained recipes (scales from the tensor itself), and for
-        every tensor on the first step of delayed scaling."""
-        recipe = self.recipe  # (two isinstance calls: Dynamo refuses a union inside a tuple)
-        return isinstance(recipe, CurrentScaling) or isinstance(recipe, BlockRecipe) or not self._initialized

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from fp8mp.scaling.config_checks import check_int
 
 __all__ = ["Format", "MMParams", "DelayedScaling", "CurrentScaling", "RowwiseScaling", "BlockScaling", "MXFP8Scaling",
-           "BlockRecipe", "AMAX_COMPUTE_ALGOS", "MXFP8_SCALE_MODES", "gemm_fast_accum"]
+           "AMAX_COMPUTE_ALGOS", "MXFP8_SCALE_MODES", "gemm_fast_accum"]
 
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 
@@ -173,7 +173,8 @@ class CurrentScaling:
 # ------------------------------------------------------------------------ fine-grained (block) scaling
 #
 # These recipes scale each block of a GEMM operand by its own amax, computed from the tensor about to
-# be cast (current-style: no history, no Fp8Meta scale). Every block lies along the GEMM's reduction
+# be cast (current-style: no history, no Fp8Meta scale). Their block geometry (block length along K, weight
+# block rows, scale rule) is their quantizer's: fp8mp/scaling/recipe_registry.py. Every block lies along the GEMM's reduction
 # axis K, so each GEMM gets its operands quantized along its own K: fprop x and W along K, dgrad dy
 # and W.T along N, wgrad dy.T and x.T along M. The block GEMM sums each K chunk of exact FP8
 # products in fp32 and multiplies it by its two scales (fp8mp.ops.block_scaled_gemm).
@@ -209,13 +210,6 @@ class RowwiseScaling:
         _check_bool("power_of_2_scales", self.power_of_2_scales)
         _check_format(self.fp8_format)
 
-    block_k = None          # the whole K of each GEMM
-    weight_block_rows = 1
-
-    @property
-    def quantize_mode(self) -> str:
-        """The scale_mode of fp8mp.ops.block_quantize."""
-        return "pow2" if self.power_of_2_scales else "fp32"
 
 
 @dataclass(frozen=True)
@@ -239,13 +233,6 @@ class BlockScaling:
         _check_bool("power_of_2_scales", self.power_of_2_scales)
         _check_format(self.fp8_format)
 
-    block_k = 128
-    weight_block_rows = 128
-
-    @property
-    def quantize_mode(self) -> str:
-        """The scale_mode of fp8mp.ops.block_quantize."""
-        return "pow2" if self.power_of_2_scales else "fp32"
 
 
 MXFP8_SCALE_MODES = ("floor", "rceil")
@@ -270,16 +257,7 @@ class MXFP8Scaling:
             raise ValueError(f"scale_mode must be one of {MXFP8_SCALE_MODES}, got {self.scale_mode!r}")
         _check_format(self.fp8_format)
 
-    block_k = 32
-    weight_block_rows = 1
 
-    @property
-    def quantize_mode(self) -> str:
-        return "e8m0_" + self.scale_mode
-
-
-# The fine-grained recipes (usable with isinstance); fp8mp.nn runs them through block_linear_function.
-BlockRecipe = RowwiseScaling | BlockScaling | MXFP8Scaling
 
 # Any recipe fp8_autocast accepts (usable with isinstance).
 Recipe = DelayedScaling | CurrentScaling | RowwiseScaling | BlockScaling | MXFP8Scaling

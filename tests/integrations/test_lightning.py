@@ -171,8 +171,8 @@ def test_frozen_weights_are_stored_in_fp8_by_convert_module():
     model = fh.mlp()
     model[0].weight.requires_grad_(False)
     FP8Precision(frozen_weights="fp8").convert_module(model)
-    assert isinstance(model[0].weight.data, fp8mp.nn.fp8_frozen_weight.Fp8FrozenWeight)
-    assert not isinstance(model[2].weight.data, fp8mp.nn.fp8_frozen_weight.Fp8FrozenWeight)  # trainable: as it was
+    assert isinstance(model[0].weight.data, fp8mp.quantized.frozen_weight.Fp8FrozenWeight)
+    assert not isinstance(model[2].weight.data, fp8mp.quantized.frozen_weight.Fp8FrozenWeight)  # trainable: as it was
 
 
 def test_layers_sharded_before_conversion_are_refused_with_the_way_out():

@@ -17,7 +17,8 @@ import torch
 import fp8mp
 import torchao_reference
 from blockwise_reference import block_gemm_reference, deepseek_quantize
-from fp8mp.nn.block_linear_function import _gemm, _quantize_both, _transposed, quantize_weight
+from fp8mp.ops.operand import operand_gemm
+from fp8mp.scaling.recipe_registry import quantizer_for
 from fp8mp.scaling.recipe import BlockScaling, Format, MXFP8Scaling, RowwiseScaling
 
 RECIPES = [RowwiseScaling(), RowwiseScaling(power_of_2_scales=False), BlockScaling(), BlockScaling(power_of_2_scales=True),
@@ -135,9 +136,10 @@ def test_forward_saves_the_input_in_fp8_and_the_weight_itself_and_backward_requa
     assert sum(t.numel() for t in saved if t.dtype == torch.float32 and t.data_ptr() != layer.weight.data_ptr()) < 256 * 64
     dy = torch.randn(64, 384)
     (dx,) = torch.autograd.grad(out, x, dy)
-    g_q, _ = _quantize_both(dy, recipe, recipe.fp8_format.backward_format)
-    w_q, w_t_q = quantize_weight(layer.weight.detach(), recipe, recipe.fp8_format.forward_format)
-    assert torch.equal(dx, _gemm(g_q, _transposed(w_q) if w_t_q is None else w_t_q, torch.float32))
+    quantizer = quantizer_for(recipe)
+    g_q, _ = quantizer.quantize_both(dy, recipe.fp8_format.backward_format)
+    w_q, w_t_q = quantizer.quantize_weight(layer.weight.detach())
+    assert torch.equal(dx, operand_gemm(g_q, w_q.transposed() if w_t_q is None else w_t_q, None, torch.float32))
 
 
 def test_per_tensor_fp8_weight_storage_refuses_block_recipes_clearly():
@@ -256,14 +258,13 @@ def test_block_recipes_trace_on_cuda_tensors_and_layernorm_linear_goes_unfused(m
     LayerNormLinear (unfused on CUDA, where norm_fwd_block_fp8 has no kernel) through the CUDA fakes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fp8mp.nn import norm_linear_function
+    from fp8mp.ops import norm as norm_ops
 
     with FakeTensorMode():
         with pytest.raises(NotImplementedError, match=r"fp8mp.ops.norm_block_fp8 on CUDA tensors: fp8mp has no fused "
                                                       r"CUDA kernel for it"):
             fp8mp.ops.norm.norm_block_fp8(torch.randn(4, 64, device="cuda"), None, None, 1e-5, True, 32, 32)
-    monkeypatch.setattr(norm_linear_function.norm_ops, "norm_block_fp8",
-                        lambda *a, **k: pytest.fail("the fused norm has no CUDA kernel"))
+    monkeypatch.setattr(norm_ops, "norm_block_fp8", lambda *a, **k: pytest.fail("the fused norm has no CUDA kernel"))
     with FakeTensorMode():
         layer = fp8mp.nn.Linear(64, 32, device="cuda")
         lnl = fp8mp.nn.LayerNormLinear(64, 32, device="cuda")
@@ -284,11 +285,11 @@ def test_block_recipes_trace_on_cuda_tensors_and_layernorm_linear_goes_unfused(m
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
 def test_layernorm_linear_fuses_the_block_cast_into_the_norm_bit_for_bit(recipe, normalization, monkeypatch):
     """The norm kernel writes the block-scaled input itself, and every output and gradient equals the unfused run."""
-    from fp8mp.nn import norm_linear_function
+    from fp8mp.ops import norm as norm_ops
 
     calls = []
-    fused_norm = norm_linear_function.norm_ops.norm_block_fp8
-    monkeypatch.setattr(norm_linear_function.norm_ops, "norm_block_fp8", lambda *a, **k: calls.append(1) or fused_norm(*a, **k))
+    fused_norm = norm_ops.norm_block_fp8
+    monkeypatch.setattr(norm_ops, "norm_block_fp8", lambda *a, **k: calls.append(1) or fused_norm(*a, **k))
     torch.manual_seed(0)
     lnl = fp8mp.nn.LayerNormLinear(160, 96, normalization=normalization)
     with torch.no_grad():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fp8mp
-from fp8mp.nn import fp8_linear_function
+from fp8mp.ops import operand as operand_ops
 from fp8mp.ops import gemm as gemm_ops
 from fp8mp.scaling.recipe import CurrentScaling, DelayedScaling, MMParams, gemm_fast_accum
 
@@ -23,7 +23,7 @@ def gemm_calls(monkeypatch):
         calls.append(use_fast_accum)
         return gemm_ops.fp8_gemm(a, a_scale_inv, b, b_scale_inv, bias, out_dtype, use_fast_accum)
 
-    monkeypatch.setattr(fp8_linear_function, "fp8_gemm", recording_gemm)
+    monkeypatch.setattr(operand_ops, "fp8_gemm", recording_gemm)
     return calls
 
 
@@ -72,7 +72,7 @@ def test_recipe_with_gemm_params_is_still_frozen():
 
 
 def test_one_layer_follows_each_new_recipe(gemm_calls):
-    # Fp8Meta.linear_settings() keeps the formats and fast_accum of the recipe in use: a new recipe replaces them.
+    # An Fp8Meta keeps the quantizer of the recipe in use (its formats and fast_accum): a new recipe replaces it.
     layer = fp8mp.nn.Linear(32, 16)
     for fprop, dgrad, wgrad in [(FAST, SPLIT, SPLIT), (SPLIT, FAST, SPLIT), (SPLIT, SPLIT, FAST), (FAST, SPLIT, SPLIT)]:
         gemm_calls.clear()

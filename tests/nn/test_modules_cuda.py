@@ -111,10 +111,10 @@ def grouped_step(module, x, grad, recipe, **route):
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe", [DelayedScaling(), RowwiseScaling()], ids=["delayed", "rowwise"])
 def test_cuda_grouped_linear_forward_and_backward_match_cpu(recipe):
-    """Fp8GroupedLinearFunction (DelayedScaling, HYBRID: E5M2 gradients) and BlockGroupedLinearFunction
-    (RowwiseScaling) on the GPU: per group, the forward and both gradients within the two devices' GEMM bounds, the
-    bias gradient within fp32 summation's, the empty group's weight and bias gradients zero, and the scaling state
-    after two steps the CPU's bits (amaxes are maxima: no summation order)."""
+    """GroupedLinearFunction under DelayedScaling (HYBRID: E5M2 gradients) and under RowwiseScaling on the GPU: per
+    group, the forward and both gradients within the two devices' GEMM bounds, the bias gradient within fp32
+    summation's, the empty group's weight and bias gradients zero, and the scaling state after two steps the CPU's
+    bits (amaxes are maxima: no summation order)."""
     torch.manual_seed(0)
     cpu, dev = both_devices(GroupedLinear(len(SPLITS), IN_F, OUT_F))
     for step in range(2):  # the second step runs on the scales the first one's amaxes gave

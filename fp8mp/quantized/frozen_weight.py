@@ -49,7 +49,9 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 
-from fp8mp.nn.fp8_weight import WEIGHT_DTYPE, quantize_weight_
+from fp8mp.ops.operand import Fp8Operand
+from fp8mp.quantized.stored_weight import WEIGHT_DTYPE, quantize_weight_
+from fp8mp.quantized.weight_operands import WeightOperands
 
 __all__ = ["Fp8FrozenWeight", "decode_frozen_weights", "tensor_bytes", "register_checkpoint_hooks", "SCALE_INV_SUFFIX",
            "REPORTED_DTYPES"]
@@ -115,9 +117,13 @@ class Fp8FrozenWeight(torch.Tensor):
         scale_inv = self.scale_inv.reshape(-1, *([1] * (self.codes.dim() - 1)))
         return (self.codes.to(torch.float32) * scale_inv).to(dtype or self.dtype)
 
-    def fp8_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(codes, scale_inv) as an FP8 GEMM takes a per-tensor-scaled E4M3 operand (2-D weights)."""
-        return self.codes, self.scale_inv
+    def fp8_operands_for(self, quantizer) -> WeightOperands:
+        """The weight interface (fp8mp/quantized/weight_operands.py): a 2-D weight's codes and scale as they are
+        under a quantizer taking per-tensor E4M3 codes (they are what a current-scaling cast of the decoded
+        weight gives), with no gradient leaf; else the weight itself, which the call quantizes (decoded)."""
+        if quantizer.per_tensor_format == "e4m3" and self.codes.dim() == 2:
+            return WeightOperands(None, (Fp8Operand(self.codes, self.scale_inv.clone()), None))
+        return WeightOperands(self, None)
 
     def numpy(self, *, force: bool = False):
         """The decoded weight as a NumPy array (Tensor.numpy reads the data pointer, which a wrapper has not)."""

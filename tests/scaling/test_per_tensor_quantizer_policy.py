@@ -1,5 +1,5 @@
-"""Fp8Meta's scale policy, one method per step: prepare_forward_scales sets what a forward's casts use
-under each recipe, and hands backward the rule for the gradient's scale. References in numpy float32."""
+"""The per-tensor quantizer's scale policy (fp8mp/scaling/per_tensor_quantizer.py) over an Fp8Meta, one method per step:
+prepare_forward_scales sets what a forward's casts use under each recipe, and hands backward the rule for the gradient's scale. References in numpy float32."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +28,7 @@ def test_current_scaling_and_a_first_delayed_step_scale_input_and_weight_from_th
     torch.manual_seed(0)
     meta = fresh(recipe)
     x, w, g = torch.randn(8, 16) * 30, torch.randn(4, 16) / 7, torch.randn(8, 4) * 1e3
-    grad_rule = meta.prepare_forward_scales(x, w)
+    grad_rule = meta.quantizer.prepare_forward_scales(meta, x, w)
     assert meta.scale[INPUT].item() == current_scale(x, E4M3_MAX, recipe.margin)
     assert meta.scale[WEIGHT].item() == current_scale(w, E4M3_MAX, recipe.margin)
     assert meta.scale[GRAD].item() == 1.0  # the gradient's scale waits for the gradient
@@ -39,7 +39,7 @@ def test_current_scaling_and_a_first_delayed_step_scale_input_and_weight_from_th
 
 def test_a_tensor_cast_elsewhere_keeps_its_scale():
     meta = fresh(CurrentScaling())
-    meta.prepare_forward_scales(None, torch.full((2, 2), 7.0))  # a fused norm casts the input itself
+    meta.quantizer.prepare_forward_scales(meta, None, torch.full((2, 2), 7.0))  # a fused norm casts the input itself
     assert meta.scale.tolist() == [1.0, np.float32(448) / np.float32(7), 1.0]
 
 
@@ -50,7 +50,7 @@ def test_delayed_scaling_updates_every_scale_from_the_history_and_leaves_backwar
     steps = [[2.0, 0.5, 100.0], [8.0, 0.25, 3.0]]
     for amaxes in steps:
         meta.amax.copy_(torch.tensor(amaxes))
-        assert meta.prepare_forward_scales(torch.ones(2, 2) * 1e4, torch.ones(2, 2) * 1e4) is None
+        assert meta.quantizer.prepare_forward_scales(meta, torch.ones(2, 2) * 1e4, torch.ones(2, 2) * 1e4) is None
     history = np.array(steps[::-1], dtype=np.float32)
     effective = history.max(axis=0) if algo == "max" else history[0]
     expected = np.array([E4M3_MAX, E4M3_MAX, E5M2_MAX], dtype=np.float32) / effective

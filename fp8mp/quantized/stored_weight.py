@@ -1,7 +1,7 @@
 """FP8 weight storage: Linear weights kept in float8_e4m3fn with their scale, FP32 masters elsewhere.
 
 Which storage to use: frozen weights of any model (a LoRA base, inference) under per-tensor recipes are
-stored by `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/nn/fp8_frozen_weight.py), which keeps
+stored by `fp8mp.convert(model, frozen_weights="fp8")` (fp8mp/quantized/frozen_weight.py), which keeps
 `.weight` an ordinary-looking parameter; trained weights stay bf16 parameters updated by
 `fp8mp.optim.AdamW` with FP8 states. `fp8_model_init` serves inference and frozen `fp8mp.nn.Linear`
 layers, and is the one way to store a weight with a fine-grained recipe's block scales. Training its
@@ -24,7 +24,7 @@ so the model holds 0.25x the FP32 weight bytes plus 8 bytes per layer. The forwa
 
 Fine-grained recipes. `fp8_model_init(recipe=R)` with R a RowwiseScaling, BlockScaling or
 MXFP8Scaling stores each weight as that recipe's forward quantizes it
-(fp8mp.nn.block_linear_function.quantize_weight), with its block scales as buffers:
+(`BlockQuantizer.stored_weight`, fp8mp/scaling/block_quantizer.py), with its block scales as buffers:
 
     weight_fp8          [N, K] FP8 (the recipe's forward format), quantized along K in R's weight blocks
     weight_scale_inv    R's block scales of weight_fp8: [ceil(N / rows), ceil(K / block_k)] float32,
@@ -35,10 +35,10 @@ MXFP8Scaling stores each weight as that recipe's forward quantizes it
                         other axis would round twice). BlockScaling's 128 x 128 blocks serve both.
 
 so the model holds 0.25x (BlockScaling) or 0.5x (rowwise, MXFP8) the FP32 weight bytes plus the
-scales. Such a layer runs under recipes with the same weight layout (`BlockWeightLayout`: block
+scales. Such a layer runs under recipes with the same weight layout (`BlockQuantizer.block_weight_layout`: block
 sizes, scale mode and format) and refuses others with an error naming both; the per-tensor
 storage runs under DelayedScaling and CurrentScaling. Re-quantization after each step is
-`quantize_weight` of the master, so the stored codes and scales are exactly those the recipe
+`stored_weight` of the master, so the stored codes and scales are exactly those the recipe
 would give the master weight.
 
 Gradients need an autograd leaf of the weight's shape, and an FP8 tensor cannot be one (autograd
@@ -61,25 +61,27 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
-from fp8mp.nn.block_linear_function import quantize_weight
-from fp8mp.nn.fp8_state_dict import fp8_state_owner
 from fp8mp.ops.blockwise import block_dequantize
-from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
+from fp8mp.ops.format import FP8_MAX
+from fp8mp.ops.operand import Fp8Operand
 from fp8mp.ops.scale_update import compute_scale
-from fp8mp.scaling.recipe import BlockRecipe, Recipe
+from fp8mp.quantized.weight_operands import WeightOperands
+from fp8mp.scaling.recipe_registry import is_recipe, quantizer_for
 
 __all__ = ["fp8_model_init", "is_fp8_model_init", "model_init_recipe", "quantize_weight_", "decode_weight",
-           "state_dict_bytes", "BlockWeightLayout", "block_weight_layout", "block_weight_buffers",
-           "block_quantize_weight_"]
+           "StoredFp8Weight", "stored_weight_layout"]
 
 WEIGHT_FORMAT = "e4m3"
 WEIGHT_DTYPE = torch.float8_e4m3fn
+# The buffers an FP8-stored weight may have, codes first (the block quantizer's names).
+STORED_WEIGHT_BUFFERS = ("weight_fp8", "weight_scale_inv", "weight_fp8_t", "weight_scale_inv_t", "weight_scale")
+PER_TENSOR = "per-tensor scaling (DelayedScaling / CurrentScaling)"
+
 
 class _ThreadInitContexts(threading.local):
     """This thread's open fp8_model_init contexts, (enabled, recipe) each (threading.local, like fp8_autocast's)."""
@@ -92,16 +94,16 @@ _INIT_CONTEXTS = _ThreadInitContexts()
 
 
 @contextlib.contextmanager
-def fp8_model_init(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+def fp8_model_init(enabled: bool = True, recipe=None) -> Iterator[None]:
     """fp8mp modules created inside the block, in this thread, store their weights in FP8 (unless they say otherwise).
 
     recipe: the recipe the stored weights are quantized for. None, DelayedScaling or CurrentScaling:
     one per-tensor scale (usable under both); RowwiseScaling, BlockScaling or MXFP8Scaling: that
-    recipe's block scales (usable under recipes of the same `BlockWeightLayout`).
+    recipe's block scales (usable under recipes of the same block weight layout).
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"fp8_model_init: argument 'enabled' must be a bool, got {type(enabled).__name__}")
-    if recipe is not None and not isinstance(recipe, Recipe):
+    if recipe is not None and not is_recipe(recipe):
         raise TypeError(f"fp8_model_init: argument 'recipe' must be a fp8mp.recipe recipe or None, got "
                         f"{type(recipe).__name__}")
     _INIT_CONTEXTS.stack.append((enabled, recipe))
@@ -123,44 +125,64 @@ def model_init_recipe():
     return stack[-1][1] if len(stack) > 0 and stack[-1][0] else None
 
 
-# ------------------------------------------------------------------------------ block-scaled storage
-@dataclass(frozen=True)
-class BlockWeightLayout:
-    """What the bytes of a weight stored for a fine-grained recipe depend on."""
-
-    recipe: str             # the recipe's class name (for messages)
-    block_rows: int         # weight block rows
-    block_k: int | None     # block length along K (None: the whole K, rowwise)
-    scale_mode: str         # fp8mp.ops.block_quantize's scale_mode
-    fmt: str                # "e4m3" or "e5m2"
-
-    def __str__(self) -> str:
-        cols = "K" if self.block_k is None else self.block_k
-        return f"{self.recipe} ({self.block_rows} x {cols} blocks, scale_mode {self.scale_mode!r}, {self.fmt})"
+# ------------------------------------------------------------------------------ the stored weight
+def stored_weight_layout(recipe):
+    """The block weight layout a weight stored for `recipe` has; None for per-tensor storage (and recipe None)."""
+    return None if recipe is None else quantizer_for(recipe).block_weight_layout
 
 
-def block_weight_layout(recipe) -> BlockWeightLayout | None:
-    """The layout a weight stored for `recipe` has; None for per-tensor recipes (and None)."""
-    if not isinstance(recipe, BlockRecipe):
-        return None
-    return BlockWeightLayout(type(recipe).__name__, recipe.weight_block_rows, recipe.block_k, recipe.quantize_mode,
-                             recipe.fp8_format.forward_format)
-
-
-def block_weight_buffers(weight: torch.Tensor, recipe: BlockRecipe) -> dict[str, torch.Tensor]:
-    """`weight` [N, K] stored for `recipe`: weight_fp8, weight_scale_inv (+ weight_fp8_t, weight_scale_inv_t)."""
-    w_q, w_t_q = quantize_weight(weight.detach(), recipe, recipe.fp8_format.forward_format)
-    buffers = {"weight_fp8": w_q[0], "weight_scale_inv": w_q[1]}
-    if w_t_q is not None:
-        buffers.update(weight_fp8_t=w_t_q[0], weight_scale_inv_t=w_t_q[1])
+def stored_weight_buffers(weight: torch.Tensor, recipe) -> dict[str, torch.Tensor]:
+    """`weight` [N, K] quantized for storage under `recipe`: the block quantizer's buffers, or per-tensor
+    weight_fp8, weight_scale, weight_scale_inv (one current scale from the weight's amax)."""
+    if stored_weight_layout(recipe) is not None:
+        return quantizer_for(recipe).stored_weight(weight)
+    factory = dict(dtype=torch.float32, device=weight.device)
+    buffers = {"weight_fp8": torch.empty_like(weight, dtype=WEIGHT_DTYPE), "weight_scale": torch.ones(1, **factory),
+               "weight_scale_inv": torch.ones(1, **factory)}
+    quantize_weight_(weight, buffers["weight_fp8"], buffers["weight_scale"], buffers["weight_scale_inv"])
     return buffers
 
 
-@torch.no_grad()
-def block_quantize_weight_(source: torch.Tensor, recipe: BlockRecipe, buffers: dict[str, torch.Tensor]) -> None:
-    """In place: each of `buffers` (as block_weight_buffers names them) = its quantization of `source` under `recipe`."""
-    for name, value in block_weight_buffers(source, recipe).items():
-        buffers[name].copy_(value)
+class StoredFp8Weight:
+    """The FP8 weight an fp8mp.nn.Linear stores in its buffers (module docstring), as the weight interface
+    (fp8mp/quantized/weight_operands.py) offers it: `fp8_operands_for(quantizer)`.
+
+    buffers: the module's stored-weight buffers by name; layout: the block weight layout they were quantized
+    for (None: per tensor); recipe: the recipe they were quantized for (None: per tensor); grad_leaf: returns
+    the tensor that receives the weight gradient (the attached master, or None), asked only for operands.
+    """
+
+    def __init__(self, buffers: dict[str, torch.Tensor], layout, recipe,
+                 grad_leaf: Callable[[], torch.Tensor | None] = lambda: None):
+        self.buffers, self.layout, self.recipe, self.grad_leaf = buffers, layout, recipe, grad_leaf
+
+    def fp8_operands_for(self, quantizer) -> WeightOperands:
+        """The operands under `quantizer`; refuses one of another weight layout."""
+        if quantizer.block_weight_layout != self.layout:
+            raise RuntimeError(
+                f"fp8mp.nn.Linear: this layer's FP8 weight is stored for {self.layout or PER_TENSOR}, but it runs "
+                f"under {quantizer.name}, which needs {quantizer.block_weight_layout or 'one per-tensor scale'}: "
+                "create the model inside fp8mp.fp8_model_init(recipe=...) with the recipe it runs under")
+        if self.layout is None:
+            operand = Fp8Operand(self.buffers["weight_fp8"], self.buffers["weight_scale_inv"].clone())
+            return WeightOperands(self.grad_leaf(), (operand, None))
+        return WeightOperands(self.grad_leaf(), quantizer.stored_weight_operands(self.buffers))
+
+    @torch.no_grad()
+    def quantize_from_(self, source: torch.Tensor) -> None:
+        """In place: the buffers = `source`'s quantization for the recipe they were stored for (or per tensor)."""
+        buffers = self.buffers
+        if self.layout is None:
+            quantize_weight_(source, buffers["weight_fp8"], buffers["weight_scale"], buffers["weight_scale_inv"])
+            return
+        for name, value in quantizer_for(self.recipe).stored_weight(source.detach()).items():
+            buffers[name].copy_(value)
+
+    def decode(self, dtype: torch.dtype, master: torch.Tensor | None = None, in_features: int | None = None):
+        """The weight decoded to `dtype` [N, K]; differentiable into `master` when one is given."""
+        layout = self.layout
+        blocks = None if layout is None else (layout.block_rows, layout.block_k or in_features)
+        return decode_weight(self.buffers["weight_fp8"], self.buffers["weight_scale_inv"], dtype, master, blocks)
 
 
 @torch.no_grad()
@@ -205,19 +227,3 @@ def decode_weight(weight_fp8: torch.Tensor, scale_inv: torch.Tensor, dtype: torc
     if master is None:
         return _decode(weight_fp8, scale_inv, dtype, blocks)
     return _DecodeWeight.apply(master, weight_fp8, scale_inv, dtype, blocks)
-
-
-def state_dict_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's parameters and persistent buffers, each storage once.
-
-    The FP8 scaling state of fp8mp modules (amax history, scales) is not weights and is not counted.
-    """
-    seen, total = set(), 0
-    for key, tensor in module.state_dict(keep_vars=True).items():
-        if not isinstance(tensor, torch.Tensor) or fp8_state_owner(key) is not None:
-            continue
-        key = (tensor.untyped_storage().data_ptr(), tensor.device)
-        if key not in seen:
-            seen.add(key)
-            total += tensor.untyped_storage().nbytes()
-    return total

@@ -59,14 +59,15 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_map_only
 
-from fp8mp.nn.fp8_frozen_weight import Fp8FrozenWeight, padded_shard_rows
+from fp8mp.ops.operand import Fp8Operand
+from fp8mp.quantized.weight_operands import WeightOperands
+from fp8mp.quantized.frozen_weight import Fp8FrozenWeight, padded_shard_rows
 from fp8mp.ops.cast import cast_to_fp8
 from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.scale_update import compute_scale
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.distributed import all_reduce_amax_, require_group_covering
 from fp8mp.scaling.fp8_meta import WEIGHT, tensor_amax
-from fp8mp.scaling.recipe import BlockRecipe, DelayedScaling
 
 __all__ = ["Fp8AllGatherWeight", "Fp8GatheredWeight", "precompute_fp8_weight_scales"]
 
@@ -193,19 +194,21 @@ class Fp8AllGatherWeight(torch.Tensor):
         """Inside fp8_autocast: the scale the Linear's own cast of the unsharded weight would use this step."""
         owner = self._owner
         recipe = linear.fp8_recipe or autocast_state.get_fp8_recipe()
-        if isinstance(recipe, BlockRecipe):
-            raise ValueError(
-                f"{owner.name}: FP8 all-gather gathers per-tensor scaled E4M3 codes, but this layer runs under "
-                f"{type(recipe).__name__}, which scales the weight per block; use DelayedScaling or CurrentScaling, "
-                "or convert without fp8_all_gather (FSDP2 then gathers the weight in its dtype)")
         group = autocast_state.get_fp8_group()
-        if isinstance(recipe, DelayedScaling):
-            require_group_covering(group, shard_group, owner.name)
         meta = linear.fp8_meta
         with meta.lock():
             meta.configure(recipe)
-            whole_amax = meta.prepare_gathered_weight_scale(lambda: self._whole_amax(shard, shard_group), group,
-                                                            autocast_state.ran_in_current_context(linear))
+            quantizer = meta.quantizer
+            if quantizer.per_tensor_format is None:
+                raise ValueError(
+                    f"{owner.name}: FP8 all-gather gathers per-tensor scaled E4M3 codes, but this layer runs under "
+                    f"{quantizer.name}, which scales the weight per block; use DelayedScaling or CurrentScaling, "
+                    "or convert without fp8_all_gather (FSDP2 then gathers the weight in its dtype)")
+            if quantizer.amax_history_len is not None:  # delayed scaling: the next entry reduces the shards' amaxes
+                require_group_covering(group, shard_group, owner.name)
+            whole_amax = quantizer.prepare_gathered_weight_scale(
+                meta, lambda: self._whole_amax(shard, shard_group), group,
+                autocast_state.ran_in_current_context(linear))
             scale = meta.scale[WEIGHT:WEIGHT + 1].clone()
             scale_inv = meta.scale_inv[WEIGHT:WEIGHT + 1].clone()
             amax = meta.amax[WEIGHT:WEIGHT + 1]
@@ -250,7 +253,12 @@ class Fp8GatheredWeight(Fp8FrozenWeight):
     unsharded; fp8mp.nn.Linear's FP8 GEMMs take its codes as they are, every other op reads it decoded
     (as an Fp8FrozenWeight)."""
 
-    records_weight_amax = True  # the shards' casts wrote the layer's WEIGHT amax (Fp8LinearFunction folds it)
+    records_weight_amax = True  # the shards' casts wrote the layer's WEIGHT amax (LinearFunction folds it)
+
+    def fp8_operands_for(self, quantizer) -> WeightOperands:
+        """The weight interface: its codes and scale as they are, and itself as the gradient leaf (it was gathered
+        only under a per-tensor recipe: the gather refuses the others)."""
+        return WeightOperands(self, (Fp8Operand(self.codes, self.scale_inv.clone()), None))
 
 
 @torch.no_grad()

@@ -1,0 +1,36 @@
+"""The one weight interface: what a module's FP8 GEMMs get from its weight, whatever form the weight takes.
+
+A weight takes one of four forms:
+
+    a high-precision tensor (an nn.Parameter)      the call quantizes it (fp8mp/scaling/quantizer.py)
+    stored in FP8 by fp8mp.fp8_model_init           StoredFp8Weight (stored_weight.py), over the module's buffers
+    frozen in FP8                                  Fp8FrozenWeight (frozen_weight.py), a tensor subclass
+    all-gathered in FP8 by FSDP2                   Fp8GatheredWeight (all_gather_weight.py), a tensor subclass
+
+`weight_operands(weight, quantizer)` asks a weight in an FP8 form for its operands under the quantizer in use
+(`weight.fp8_operands_for(quantizer)`), and answers for a plain tensor itself, so a module never branches on
+the form: it hands the answer to its autograd function.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["WeightOperands", "weight_operands"]
+
+
+class WeightOperands(NamedTuple):
+    """leaf: the tensor autograd sends the weight gradient to (None: nothing receives it); stored: None (the call
+    quantizes `leaf`), or (fprop operand, dgrad operand or None: fprop's transposed) of a weight already in FP8."""
+
+    leaf: torch.Tensor | None
+    stored: tuple | None
+
+
+def weight_operands(weight, quantizer) -> WeightOperands:
+    """The WeightOperands of `weight` (a tensor, or an FP8 weight form) under `quantizer`."""
+    operands_for = getattr(type(weight), "fp8_operands_for", None)
+    if operands_for is None:
+        return WeightOperands(weight, None)
+    return operands_for(weight, quantizer)
