@@ -14,6 +14,7 @@ import torchao_reference
 from blockwise_reference import deepseek_quantize
 from fp8mp.nn import GroupedLinear
 from fp8mp.recipe import BlockScaling, Format, MXFP8Scaling, RowwiseScaling
+from fp8mp.scaling.recipe_registry import quantizer_for
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -116,7 +117,8 @@ def dequantized(t: torch.Tensor, block_rows: int, block_cols: int, recipe, fmt: 
 
 
 def block_of(recipe, length: int) -> int:
-    return length if recipe.block_k is None else recipe.block_k
+    """The recipe's block length along an axis of `length` (its quantizer's geometry: the whole axis for rowwise)."""
+    return quantizer_for(recipe).block_k_of(length)
 
 
 def assert_within_fp32_accumulation(got, a64, b64, bias=None):
@@ -134,7 +136,7 @@ def test_forward_and_backward_within_the_bound_of_a_float64_reference_per_group(
     module, x = make(sizes)
     y, dy = run(module, x, sizes, recipe)
     fwd, bwd = recipe.fp8_format.forward_format, recipe.fp8_format.backward_format
-    K, N, wbr = module.in_features, module.out_features, recipe.weight_block_rows
+    K, N, wbr = module.in_features, module.out_features, quantizer_for(recipe).weight_block_rows
     for g, rows in groups(sizes):
         xg, wg, dyg = x.detach()[rows], module.weight.detach()[g], dy[rows]
         if xg.shape[0] == 0:
@@ -173,7 +175,6 @@ def test_experts_stored_in_out_are_each_group_the_block_path_of_a_conv1d_weight_
     a [K, N] weight (transformers' Conv1D) on that group alone, the weight gradient in the stored layout."""
     from fp8mp.functions.grouped_linear import GroupedLinearFunction
     from fp8mp.functions.linear import LinearFunction
-    from fp8mp.scaling.recipe_registry import quantizer_for
     sizes = GROUPINGS["empty_and_partial_blocks"]
     torch.manual_seed(1)
     x = torch.randn(sum(sizes), 160, requires_grad=True)
