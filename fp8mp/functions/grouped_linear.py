@@ -30,7 +30,7 @@ import torch
 
 from fp8mp.functions.output_dtype import output_dtype
 from fp8mp.ops.operand import Fp8Operand
-from fp8mp.quantized.frozen_weight import Fp8FrozenWeight
+from fp8mp.quantized.weight_operands import readable_weight
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.per_tensor_grouped import tensorwise_grouped_call
 
@@ -51,8 +51,7 @@ class GroupedLinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, call):
         """x [T, K] rows sorted by expert; weight [E, N, K] ([E, K, N] with call.weight_in_out); bias [E, N] or
         None; call: the grouped call (module docstring). Returns [T, N] of call.out_dtype."""
-        # A weight frozen in FP8 decodes on every op: decoded once here, not once per expert's slice.
-        plain = weight.decode() if isinstance(weight, Fp8FrozenWeight) else weight
+        plain = readable_weight(weight)  # (a weight frozen in FP8: decoded once, not once per expert's slice)
         x_q, x_t_q = call.quantize_tokens(x)
         w_q, w_t_q = call.quantize_experts(plain)
         call.record_forward()

@@ -23,7 +23,7 @@ class Linear(Fp8Module, torch.nn.Linear):
     as they are. In FP8, input and weight are cast to the recipe's forward format (E4M3), the
     gradient of the output to its backward format (E5M2 for Format.HYBRID), and all three GEMMs
     (fprop, dgrad, wgrad) run in FP8 with fp32 accumulation. The output has the input's dtype, or
-    under `torch.autocast` autocast's dtype, as nn.Linear's output does (fp8mp/nn/output_dtype.py);
+    under `torch.autocast` autocast's dtype, as nn.Linear's output does (fp8mp/functions/output_dtype.py);
     the input gradient has the input's dtype, the weight gradient the weight's.
 
     A frozen `weight` stored by `fp8mp.convert(model, frozen_weights="fp8")` is an Fp8FrozenWeight

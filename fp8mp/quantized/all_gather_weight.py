@@ -63,10 +63,9 @@ from fp8mp.ops.operand import Fp8Operand
 from fp8mp.quantized.weight_operands import WeightOperands
 from fp8mp.quantized.frozen_weight import Fp8FrozenWeight, padded_shard_rows
 from fp8mp.ops.cast import cast_to_fp8
-from fp8mp.ops.format import FP8_MAX
-from fp8mp.ops.scale_update import compute_scale
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling.distributed import all_reduce_amax_, require_group_covering
+from fp8mp.scaling.current_scale import current_scale
 from fp8mp.scaling.fp8_meta import WEIGHT, tensor_amax
 
 __all__ = ["Fp8AllGatherWeight", "Fp8GatheredWeight", "precompute_fp8_weight_scales"]
@@ -184,7 +183,7 @@ class Fp8AllGatherWeight(torch.Tensor):
                 scale, scale_inv = meta.scale[WEIGHT:WEIGHT + 1].clone(), meta.scale_inv[WEIGHT:WEIGHT + 1].clone()
             else:
                 amax = self._whole_amax(shard, shard_group)
-                scale = compute_scale(amax, float(FP8_MAX[GATHER_FORMAT]), 0, torch.ones_like(amax))
+                scale = current_scale(amax, GATHER_FORMAT)
                 scale_inv = scale.reciprocal()
             codes = cast_to_fp8(shard, scale, scratch, GATHER_FORMAT)
         owner.forward_scale = (scale, scale_inv)

@@ -13,7 +13,7 @@ weight's original dtype (float32 / bfloat16 / float16), shape and device, but ho
                gate_up_proj [E, 2I, H])
 
 with `weight ~= codes * scale_inv` and each scale from current scaling (448 / amax, the rule of
-`fp8mp.scaling.compute_scale`). What a reader gets:
+`fp8mp.scaling.current_scale`). What a reader gets:
 
 - `w.shape`, `w.dtype`, `w.device`, `w.requires_grad` (False) are those of the original weight;
 - every other op decodes: `F.linear(x, w)`, `w @ x`, `w.float()`, `w[0]`, `torch.grouped_mm(x, w, offs)`,

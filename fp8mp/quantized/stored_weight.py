@@ -67,10 +67,10 @@ import torch
 
 from fp8mp.ops.blockwise import block_dequantize
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
-from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.operand import Fp8Operand
-from fp8mp.ops.scale_update import compute_scale
 from fp8mp.quantized.weight_operands import WeightOperands
+from fp8mp.scaling.columns import tensor_amax
+from fp8mp.scaling.current_scale import current_scale
 from fp8mp.scaling.recipe_registry import is_recipe, quantizer_for
 
 __all__ = ["fp8_model_init", "is_fp8_model_init", "model_init_recipe", "quantize_weight_", "decode_weight",
@@ -190,11 +190,10 @@ def quantize_weight_(source: torch.Tensor, weight_fp8: torch.Tensor, scale: torc
     """Current scaling, in place: scale = 448 / amax(source); weight_fp8 = cast_to_fp8(source, scale).
 
     scale and scale_inv are [1] float32; an amax of 0, NaN or Inf keeps the previous scale (the
-    rule of `fp8mp.scaling.compute_scale`).
+    rule of `fp8mp.scaling.current_scale`).
     """
     source = source.detach()
-    amax = source.abs().amax().float().reshape(1) if source.numel() else torch.zeros(1, device=source.device)
-    scale.copy_(compute_scale(amax, FP8_MAX[WEIGHT_FORMAT], 0, scale))
+    scale.copy_(current_scale(tensor_amax(source), WEIGHT_FORMAT, 0, scale))
     scale_inv.copy_(scale.reciprocal())
     weight_fp8.copy_(cast_to_fp8(source, scale, torch.empty(1, device=source.device), WEIGHT_FORMAT))
 

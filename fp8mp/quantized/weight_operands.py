@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["WeightOperands", "weight_operands"]
+__all__ = ["WeightOperands", "weight_operands", "readable_weight"]
 
 
 class WeightOperands(NamedTuple):
@@ -34,3 +34,10 @@ def weight_operands(weight, quantizer) -> WeightOperands:
     if operands_for is None:
         return WeightOperands(weight, None)
     return operands_for(weight, quantizer)
+
+
+def readable_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` as a plain tensor to quantize from: a weight in an FP8 form decoded once (read as it is, it would
+    decode on every op, once per expert's slice of a grouped weight); a plain tensor as it is."""
+    decode = getattr(type(weight), "decode", None)
+    return weight if decode is None else decode(weight)

@@ -188,9 +188,9 @@ class Fp8Meta(torch.nn.Module):
         self.recipe = self.quantizer = None  # the next forward re-reads formats; a history of matching length is kept
 
     def format_of(self, index: int) -> str:
-        assert self.recipe is not None
-        fmt = self.recipe.fp8_format
-        return fmt.backward_format if index in self.backward_tensors else fmt.forward_format
+        """The op format string ("e4m3"/"e5m2") of column `index` under the quantizer in use."""
+        assert self.quantizer is not None
+        return self.quantizer.formats[1 if index in self.backward_tensors else 0]
 
     def configure(self, recipe: Recipe) -> None:
         """Adopt `recipe` and its quantizer (`self.quantizer`, fp8mp/scaling/quantizer.py: the history length it

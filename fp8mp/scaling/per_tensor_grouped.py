@@ -27,28 +27,21 @@ import contextlib
 import torch
 
 from fp8mp.ops.cast import cast_to_fp8, cast_to_fp8_transpose
-from fp8mp.ops.format import FP8_DTYPES, fp8_max_of
+from fp8mp.ops.format import FP8_DTYPES
 from fp8mp.ops.grouped_gemm import fp8_grouped_gemm, fp8_grouped_gemm_wgrad
 from fp8mp.ops.operand import Fp8Operand
-from fp8mp.ops.scale_update import compute_scale
-from fp8mp.scaling.columns import GRAD, INPUT, WEIGHT, columns_of, fold_amax_
+from fp8mp.scaling.columns import GRAD, INPUT, WEIGHT, columns_of, fold_amax_, tensor_amax
+from fp8mp.scaling.current_scale import current_scale
 
-__all__ = ["PerTensorGroupedCall", "tensorwise_grouped_call", "cast_per_expert", "current_scale"]
+__all__ = ["PerTensorGroupedCall", "tensorwise_grouped_call", "cast_per_expert"]
 
 _NO_LOCK = contextlib.nullcontext()
 HYBRID_FORMATS = ("e4m3", "e5m2")  # the functional form's: E4M3 forward, E5M2 gradients
 
 
-def current_scale(amax: torch.Tensor, fmt: str, margin: int = 0) -> torch.Tensor:
-    """Current scaling's scale for float32 `amax` (any shape): fp8_max / amax / 2**margin, or 1 where amax is 0 or
-    not finite."""
-    return compute_scale(amax, fp8_max_of(fmt), margin, torch.ones_like(amax))
-
-
 def cast_tensorwise_transpose(t: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(t in fmt, its transpose, scale_inv [1]) for a 2-D `t`, the scale from t's own amax."""
-    amax = t.detach().abs().amax().float().reshape(1) if t.numel() else torch.zeros(1, device=t.device)
-    scale = current_scale(amax, fmt)
+    scale = current_scale(tensor_amax(t), fmt)
     data, data_t = cast_to_fp8_transpose(t, scale, torch.zeros(1, device=t.device), fmt)
     return data, data_t, scale.reciprocal()
 

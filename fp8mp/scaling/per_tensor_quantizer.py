@@ -23,12 +23,12 @@ from typing import Callable
 import torch
 
 from fp8mp.ops.cast import cast_to_fp8, cast_to_fp8_transpose, cast_to_fp8_transpose_dbias
-from fp8mp.ops.format import FP8_MAX
 from fp8mp.ops.norm import layer_norm_fp8, rms_norm_fp8
 from fp8mp.ops.operand import Fp8Operand, operand_gemm
-from fp8mp.ops.scale_update import compute_scale, update_amax_history_and_scale
+from fp8mp.ops.scale_update import update_amax_history_and_scale
 from fp8mp.scaling import autocast as autocast_state
 from fp8mp.scaling import distributed
+from fp8mp.scaling.current_scale import current_scale
 from fp8mp.scaling.columns import GRAD, INPUT, WEIGHT, columns_of, fold_amax_, tensor_amax
 from fp8mp.scaling.per_tensor_grouped import PerTensorGroupedCall
 from fp8mp.scaling.quantizer import Quantizer
@@ -117,7 +117,7 @@ class PerTensorQuantizer(Quantizer):
         if group is not None:
             amax = distributed.all_reduce_amax_(amax, group)
         scale = meta.scale[index : index + 1]
-        new_scale = compute_scale(amax, float(FP8_MAX[meta.format_of(index)]), self.margin, scale)
+        new_scale = current_scale(amax, meta.format_of(index), self.margin, scale)
         scale.copy_(new_scale)
         meta.scale_inv[index : index + 1].copy_(new_scale.reciprocal())
 

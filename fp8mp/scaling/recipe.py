@@ -148,7 +148,7 @@ class CurrentScaling:
     """Current (just-in-time) scaling: each tensor's scale comes from its own amax, every step.
 
     ``scale = fp8_max / amax(x) / 2**margin`` is computed from the tensor about
-    to be cast (see :func:`fp8mp.scaling.compute_scale`), so nothing is
+    to be cast (see :func:`fp8mp.scaling.current_scale`), so nothing is
     stale, at the price of an extra pass over the tensor to find its amax.
     An amax of 0, NaN or Inf keeps the previous scale.
 

@@ -8,7 +8,8 @@ import torch
 
 from fp8mp.functions.grouped_linear import fp8_grouped_linear
 from fp8mp.ops import cast_to_fp8
-from fp8mp.scaling.per_tensor_grouped import cast_per_expert, current_scale
+from fp8mp.scaling.current_scale import current_scale
+from fp8mp.scaling.per_tensor_grouped import cast_per_expert
 
 # Round-to-nearest in a format with m mantissa bits moves a normal value by at most 2^-(m+1) of itself, and a
 # subnormal one by at most half the smallest subnormal; in the scaled domain, so that is times scale_inv.
