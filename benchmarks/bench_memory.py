@@ -19,7 +19,7 @@ import argparse
 import torch
 
 import fp8mp
-from fp8mp.nn.fp8_weight import state_dict_bytes
+from fp8mp.nn.fp8_state_dict import state_dict_bytes
 
 from results_json import record
 from timing import markdown_table, parse_shapes, where
