@@ -34,11 +34,9 @@ from fp8mp.functions.output_dtype import output_dtype
 from fp8mp.ops.format import HIGH_PRECISION_DTYPES
 from fp8mp.ops.operand import Fp8Operand, operand_gemm
 from fp8mp.optim.row_block_grads import referenced, sink_of, weight_ref_for_row_blocks
+from fp8mp.quantized.weight_operands import StoredOperands
 
 __all__ = ["LinearFunction", "fp8_linear", "fp8_linear_gathered", "check_input"]
-
-StoredOperands = tuple[Fp8Operand, "Fp8Operand | None"]
-
 
 class LinearFunction(torch.autograd.Function):
     @staticmethod
@@ -46,7 +44,7 @@ class LinearFunction(torch.autograd.Function):
         """x2d [M,K]; weight [N,K] ([K,N] with call.weight_in_out), or the gradient leaf of a stored weight (or
         None); bias [N] or None.
 
-        stored: None, or (fprop operand, dgrad operand or None) of a weight already in FP8.
+        stored: None, or the StoredOperands of a weight already in FP8 (fp8mp/quantized/weight_operands.py).
         fp8_input: None, or (x_q, x_t_q), the input already quantized by the call (a fused norm, a gather of
         shards); `x2d` then only routes the input gradient.
         call: the call object of the module's quantizer (Quantizer.begin_linear).
@@ -56,12 +54,11 @@ class LinearFunction(torch.autograd.Function):
             w_q, w_saved = call.quantize_weight(weight)
             ctx.save_for_backward(x_t_q.data, x_t_q.scale_inv, weight, *w_saved)
         else:  # backward uses the dgrad operand as it is, or fprop's transposed (the stored tensors: no new bytes)
-            w_q, w_t_q = stored
+            w_q, w_t_q, _ = stored
             w_saved = w_q if w_t_q is None else w_t_q
             ctx.save_for_backward(x_t_q.data, x_t_q.scale_inv, w_saved.data, w_saved.scale_inv)
             ctx.w_blocks, ctx.transpose_weight = w_saved[2:], w_t_q is None
-        # (a weight FSDP2 gathered in FP8 was cast by its shards' owners, who recorded its amax)
-        call.record_forward(stored is None or getattr(weight, "records_weight_amax", False))
+        call.record_forward(stored is None or stored.weight_amax_recorded)
         out_bias = bias.to(call.out_dtype) if bias is not None else None
         out = operand_gemm(x_q, w_q, out_bias, call.out_dtype, call.fast_accum[0])
         ctx.call, ctx.stored, ctx.x_blocks = call, stored is not None, x_t_q[2:]
@@ -105,7 +102,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     """y = x @ weight.T + bias in FP8 under the recipe `meta` (the module's Fp8Meta) is configured with, for x of
     shape [..., K]. The caller holds `meta.lock()`.
 
-    stored: (fprop operand, dgrad operand or None) of a weight already in FP8 (fp8mp/quantized/); `weight` then
+    stored: the StoredOperands of a weight already in FP8 (fp8mp/quantized/); `weight` then
     only receives the weight gradient (it may be None).
     group: fp8_autocast's fp8_group (None: no reduction); ran_before: the module already ran in this context
     (delayed scaling then reduces its last amaxes first). weight_in_out: `weight` is [K,N] (Conv1D's layout).

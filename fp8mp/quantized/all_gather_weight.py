@@ -60,7 +60,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from fp8mp.ops.operand import Fp8Operand
-from fp8mp.quantized.weight_operands import WeightOperands
+from fp8mp.quantized.weight_operands import StoredOperands, WeightOperands
 from fp8mp.quantized.frozen_weight import Fp8FrozenWeight, padded_shard_rows
 from fp8mp.ops.cast import cast_to_fp8
 from fp8mp.scaling import autocast as autocast_state
@@ -252,12 +252,12 @@ class Fp8GatheredWeight(Fp8FrozenWeight):
     unsharded; fp8mp.nn.Linear's FP8 GEMMs take its codes as they are, every other op reads it decoded
     (as an Fp8FrozenWeight)."""
 
-    records_weight_amax = True  # the shards' casts wrote the layer's WEIGHT amax (LinearFunction folds it)
-
     def fp8_operands_for(self, quantizer) -> WeightOperands:
         """The weight interface: its codes and scale as they are, and itself as the gradient leaf (it was gathered
-        only under a per-tensor recipe: the gather refuses the others)."""
-        return WeightOperands(self, (Fp8Operand(self.codes, self.scale_inv.clone()), None))
+        only under a per-tensor recipe: the gather refuses the others). The shards' casts wrote the layer's WEIGHT
+        amax, which the forward's non-finite check folds as its own cast's."""
+        return WeightOperands(self, StoredOperands(Fp8Operand(self.codes, self.scale_inv.clone()),
+                                                   weight_amax_recorded=True))
 
 
 @torch.no_grad()

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_map_only
 
 from fp8mp.ops.operand import Fp8Operand
 from fp8mp.quantized.stored_weight import WEIGHT_DTYPE, quantize_weight_
-from fp8mp.quantized.weight_operands import WeightOperands
+from fp8mp.quantized.weight_operands import StoredOperands, WeightOperands
 
 __all__ = ["Fp8FrozenWeight", "decode_frozen_weights", "tensor_bytes", "register_checkpoint_hooks", "SCALE_INV_SUFFIX",
            "REPORTED_DTYPES"]
@@ -122,7 +122,7 @@ class Fp8FrozenWeight(torch.Tensor):
         under a quantizer taking per-tensor E4M3 codes (they are what a current-scaling cast of the decoded
         weight gives), with no gradient leaf; else the weight itself, which the call quantizes (decoded)."""
         if quantizer.per_tensor_format == "e4m3" and self.codes.dim() == 2:
-            return WeightOperands(None, (Fp8Operand(self.codes, self.scale_inv.clone()), None))
+            return WeightOperands(None, StoredOperands(Fp8Operand(self.codes, self.scale_inv.clone())))
         return WeightOperands(self, None)
 
     def numpy(self, *, force: bool = False):

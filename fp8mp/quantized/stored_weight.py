@@ -68,7 +68,7 @@ import torch
 from fp8mp.ops.blockwise import block_dequantize
 from fp8mp.ops.cast import cast_from_fp8, cast_to_fp8
 from fp8mp.ops.operand import Fp8Operand
-from fp8mp.quantized.weight_operands import WeightOperands
+from fp8mp.quantized.weight_operands import StoredOperands, WeightOperands
 from fp8mp.scaling.columns import tensor_amax
 from fp8mp.scaling.current_scale import current_scale
 from fp8mp.scaling.recipe_registry import is_recipe, quantizer_for
@@ -165,8 +165,8 @@ class StoredFp8Weight:
                 "create the model inside fp8mp.fp8_model_init(recipe=...) with the recipe it runs under")
         if self.layout is None:
             operand = Fp8Operand(self.buffers["weight_fp8"], self.buffers["weight_scale_inv"].clone())
-            return WeightOperands(self.grad_leaf(), (operand, None))
-        return WeightOperands(self.grad_leaf(), quantizer.stored_weight_operands(self.buffers))
+            return WeightOperands(self.grad_leaf(), StoredOperands(operand))
+        return WeightOperands(self.grad_leaf(), StoredOperands(*quantizer.stored_weight_operands(self.buffers)))
 
     @torch.no_grad()
     def quantize_from_(self, source: torch.Tensor) -> None:

@@ -17,15 +17,27 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["WeightOperands", "weight_operands", "readable_weight"]
+from fp8mp.ops.operand import Fp8Operand
+
+__all__ = ["StoredOperands", "WeightOperands", "weight_operands", "readable_weight"]
+
+
+class StoredOperands(NamedTuple):
+    """The operands of a weight already in FP8: fprop's [N,K], and dgrad's [K,N] or None (fprop's transposed);
+    weight_amax_recorded: the weight's amax reached the module's scaling state when it was cast (the shards'
+    owners cast a weight FSDP2 gathers in FP8), so the forward's non-finite check folds it as a cast's."""
+
+    fprop: Fp8Operand
+    dgrad: Fp8Operand | None = None
+    weight_amax_recorded: bool = False
 
 
 class WeightOperands(NamedTuple):
     """leaf: the tensor autograd sends the weight gradient to (None: nothing receives it); stored: None (the call
-    quantizes `leaf`), or (fprop operand, dgrad operand or None: fprop's transposed) of a weight already in FP8."""
+    quantizes `leaf`), or the StoredOperands of a weight already in FP8."""
 
     leaf: torch.Tensor | None
-    stored: tuple | None
+    stored: StoredOperands | None
 
 
 def weight_operands(weight, quantizer) -> WeightOperands:

@@ -83,3 +83,10 @@ class Quantizer:
     def fuses_norm(self, meta, weight_stored: bool) -> bool:
         """Whether a norm before a linear may write this family's FP8 input itself (fp8mp.nn.LayerNormLinear)."""
         return False
+
+    def begin_grouped(self, meta, x2d: torch.Tensor, offs: torch.Tensor, sizes: list[int], group, ran_before: bool,
+                      out_dtype: torch.dtype, weight_in_out: bool = False):
+        """Set up one FP8 grouped linear call (a mixture-of-experts layer: tokens sorted by expert, `offs` the
+        groups' cumulative ends on the host, `sizes` their row counts) and return the grouped call object
+        (fp8mp/functions/grouped_linear.py lists its interface). The other arguments as `begin_linear`'s."""
+        raise NotImplementedError
