@@ -299,7 +299,7 @@ def rank_run(name: str) -> dict:
         batch_rank, batch_world = rank, world
     else:  # tensor parallel: every rank sees the whole batch
         from torch.distributed.tensor.parallel import parallelize_module
-        from fp8mp.parallel.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
+        from fp8mp.nn.tensor_parallel import Fp8ColwiseParallel, Fp8RowwiseParallel
 
         model = fp8mp.convert(RankModel(), recipe=recipe)
         mesh = init_device_mesh("cpu", (world,))
