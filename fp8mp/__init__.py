@@ -11,6 +11,7 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
     fp8mp.memory        memory levers: FP8 saved activations, FP8 recompute, chunked loss, embedding grad rows
     fp8mp.parallel      tensor parallel (sharded Linear, styles), checkpoints through torch.distributed.checkpoint
     fp8mp.nn            modules, convert, LoRA, FP8 weights
+    fp8mp.planning      precision plans: which recipe each layer trains under (PrecisionPlan)
     fp8mp.training      LossScaler, fallback, monitor, Trainer
     fp8mp.integrations  transformers (.hf: prepare), Lightning (.lightning: FP8Precision), accelerate (.accelerate)
 The top-level modules (this file, recipe.py, monitor.py, fallback.py, amp.py, distributed.py) only re-export.
@@ -22,6 +23,7 @@ from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_t
                        cuda_kernels_status, fp8_gemm,
                        update_amax_history_and_scale)
 from fp8mp.optim import step_in_backward
+from fp8mp.planning import PrecisionPlan
 from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
 from fp8mp.training import LossScaler, Trainer, TrainerConfig
 
@@ -57,5 +59,6 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "integrations",
+    "PrecisionPlan",
     "__version__",
 ]

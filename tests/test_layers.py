@@ -12,8 +12,8 @@ import fp8mp
 PACKAGE = pathlib.Path(fp8mp.__file__).parent
 # Bottom up; the top-level modules (fp8mp/__init__.py and the short paths beside it: fp8mp/recipe.py, ...) are
 # the api layer above them all, and only re-export.
-LAYERS = ["_C", "utils", "ops", "optim", "scaling", "quantized", "functions", "memory", "parallel", "nn", "training",
-          "integrations"]
+LAYERS = ["_C", "utils", "ops", "optim", "scaling", "quantized", "functions", "memory", "parallel", "nn", "planning",
+          "training", "integrations"]
 API = len(LAYERS)
 MAX_LINES = 400
 
