@@ -91,3 +91,30 @@ def test_state_dict_keys_and_bad_arguments():
     with fp8mp.fp8_autocast():
         with pytest.raises(ValueError, match="'input'"):
             module(torch.randn(4, 31))
+
+
+@pytest.mark.parametrize("normalization", NORMS)
+def test_a_frozen_fp8_weight_gives_the_fused_path_the_unfused_numbers(normalization, monkeypatch):
+    """The fused norm path asks the weight for its operands as the Linear does (one weight interface): a weight
+    frozen in FP8 goes to the GEMMs as its stored codes on both paths, so the fused steps equal the unfused ones
+    bit for bit (a fused path that cast the decoded weight with the delayed WEIGHT scale would not)."""
+    fused, _ = make(normalization)
+    fused.linear.weight.requires_grad_(False)
+    fp8mp.nn.store_frozen_weights_in_fp8(fused)
+    assert isinstance(fused.linear.weight, fp8mp.nn.Fp8FrozenWeight)
+    separate = torch.nn.Sequential(copy.deepcopy(fused.norm), copy.deepcopy(fused.linear))
+    import fp8mp.nn.layernorm_linear as module
+
+    calls = []
+    original = module.norm_fp8_linear
+    monkeypatch.setattr(module, "norm_fp8_linear", lambda *a, **k: calls.append(1) or original(*a, **k))
+    recipe = DelayedScaling(amax_history_len=4)
+    torch.manual_seed(3)
+    for i in range(3):  # step 0 unfused (scales from the data), steps 1 and 2 fused
+        x, grad = torch.randn(4, 9, 64) * (i + 1) + 1, torch.randn(4, 9, 48)
+        out_f, dx_f = step(fused, x, grad, recipe)
+        out_s, dx_s = step(separate, x, grad, recipe)
+        assert torch.equal(out_f, out_s), i
+        assert torch.equal(dx_f, dx_s), i
+        assert torch.equal(fused.norm.weight.grad, separate[0].weight.grad), i
+    assert len(calls) == 2
