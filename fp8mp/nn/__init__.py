@@ -8,7 +8,9 @@ from fp8mp.nn import fp8_state_dict, lora
 from fp8mp.nn.bf16_via_fp32 import bf16_matmul_via_fp32, cpu_has_bf16_matmul_units
 from fp8mp.nn.conv1d import Conv1D
 from fp8mp.nn.fp8_state_dict import load_state_dict
-from fp8mp.nn.conversion import FP8_MODULES, convert, enable_fp8_all_gather, store_frozen_weights_in_fp8, unconvert
+from fp8mp.nn.conversion import (FP8_MODULES, convert, convertible_layers, enable_fp8_all_gather,
+                                 store_frozen_weights_in_fp8, unconvert)
+from fp8mp.nn.conversion_report import converted_layers
 from fp8mp.quantized.all_gather_weight import Fp8AllGatherWeight, Fp8GatheredWeight, precompute_fp8_weight_scales
 from fp8mp.quantized.frozen_weight import Fp8FrozenWeight, decode_frozen_weights, tensor_bytes
 from fp8mp.nn.fp8_module import Fp8Module
@@ -19,7 +21,7 @@ from fp8mp.nn.linear import Linear
 from fp8mp.nn.lora import LoRALinear
 from fp8mp.nn.normalization import LayerNorm, RMSNorm
 
-__all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert",
+__all__ = ["Fp8Module", "Linear", "Conv1D", "GroupedLinear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LoRALinear", "FP8_MODULES", "convert", "unconvert", "convertible_layers", "converted_layers",
            "fp8_model_init", "Fp8FrozenWeight", "store_frozen_weights_in_fp8", "decode_frozen_weights", "tensor_bytes", "lora", "fp8_state_dict", "load_state_dict",
            "chunked_linear_cross_entropy", "embedding_grad_in_row_blocks", "restore_embedding_grad", "fp8_recompute", "Fp8AllGatherWeight", "Fp8GatheredWeight", "enable_fp8_all_gather",
            "precompute_fp8_weight_scales", "bf16_matmul_via_fp32", "cpu_has_bf16_matmul_units"]

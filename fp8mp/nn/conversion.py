@@ -1,4 +1,5 @@
-"""`convert(model)`: swap torch modules for their fp8mp twins in place; `unconvert` undoes it.
+"""`convert(model)`: swap torch modules for their fp8mp twins in place (under one recipe, or a plan's recipe per
+layer); `unconvert` undoes it.
 
 Parameters are shared, not copied: the converted model trains the same tensors,
 so an optimizer built before conversion keeps working, and memory does not grow.
@@ -12,6 +13,8 @@ from typing import Callable
 import torch
 
 from fp8mp.nn.conv1d import Conv1D
+from fp8mp.nn.conversion_report import ConversionReport, converted_layers
+from fp8mp.nn.planned_recipes import planned_recipes
 from fp8mp.quantized.all_gather_weight import Fp8AllGatherWeight
 from fp8mp.quantized.frozen_weight import REPORTED_DTYPES, Fp8FrozenWeight, register_checkpoint_hooks
 from fp8mp.nn.fp8_module import Fp8Module
@@ -63,6 +66,31 @@ def _matmul_dims(module: torch.nn.Module) -> tuple[int, int] | None:
     return None
 
 
+def convertible_layers(model: torch.nn.Module) -> list[str]:
+    """The names of the layers `convert` would turn into FP8 GEMM modules, module_filter aside: every
+    torch.nn.Linear and transformers Conv1D (exactly those types) whose in and out features are multiples of 16.
+    What a plan plans (its `architecture`)."""
+    hf_conv1d = hf_conv1d_class()
+    return [name for name, module in model.named_modules()
+            if (type(module) is torch.nn.Linear or (hf_conv1d is not None and type(module) is hf_conv1d))
+            and fp8_dims_supported(*_matmul_dims(module))]
+
+
+def _plan_filter(recipes: dict[str, Recipe | None]) -> ModuleFilter:
+    """The module_filter a plan amounts to: a GEMM layer converts when the plan gives it a recipe; other modules
+    (norms, activations) are the plan's no business."""
+    return lambda name, module: _matmul_dims(module) is None or recipes.get(name) is not None
+
+
+def _refuse_block_recipes_for_all_gather(recipes: dict[str, Recipe | None]) -> None:
+    for name, recipe in recipes.items():
+        if recipe is not None and quantizer_for(recipe).per_tensor_format is None:
+            where = f"layer {name!r}'s " if name else ""
+            raise ValueError(f"argument 'fp8_all_gather': FP8 all-gather gathers per-tensor scaled E4M3 codes, but "
+                             f"{where}recipe {type(recipe).__name__} scales the weight per block; use DelayedScaling "
+                             "or CurrentScaling, or fp8_all_gather=False")
+
+
 def convert(
     model: torch.nn.Module,
     recipe: Recipe | None = None,
@@ -71,6 +99,7 @@ def convert(
     frozen_weights: str | None = None,
     fp8_saved_activations: bool = False,
     fp8_all_gather: bool = False,
+    plan=None,
 ) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` and transformers `Conv1D` of `model` in place (and with
     `convert_norms`, LayerNorm/RMSNorm).
@@ -94,6 +123,13 @@ def convert(
             E4M3 codes, one byte an element, and whose gathered codes the FP8 GEMMs take as they are
             (fp8mp/quantized/all_gather_weight.py; the per-tensor recipes only). Under CurrentScaling call
             `fp8mp.precompute_fp8_weight_scales(model)` after each optimizer step.
+        plan: an `fp8mp.PrecisionPlan` (or any object with `layer_recipes()` and `architecture`), or a dict
+            name -> recipe-or-None: each layer it gives a recipe is converted and pinned to that recipe; a layer it
+            gives None ("bf16"), and a layer it does not name, stays as it is. A plan is the whole per-layer
+            decision, so it is refused together with `recipe` or `module_filter`; an entry naming no layer convert
+            would touch, and a plan whose architecture differs from the model's (`convertible_layers`), are
+            refused naming the layers. The other options follow it (frozen weights, saved activations and
+            all-gather only for the layers it converts).
 
     transformers' Conv1D (GPT-2's attention and MLP projections, weight [in, out]) becomes
     fp8mp.nn.Conv1D; transformers is never imported for this (a model holding a Conv1D has loaded it).
@@ -101,6 +137,10 @@ def convert(
     (logged on the "fp8mp" logger): FP8 tensor cores need such dims and padding small layers
     does not pay. Subclasses of the torch modules (other than fp8mp's own) are left alone, since
     their forward may differ. Returns `model`.
+
+    Nothing matches silently: each converted module is logged (INFO, "fp8mp" logger: name, old -> new, recipe)
+    with a summary line, and converting nothing warns (WARNING), naming the module_filter that accepted nothing
+    (fp8mp/nn/conversion_report.py). `fp8mp.nn.converted_layers(model)` lists what a model runs in FP8.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
@@ -114,31 +154,48 @@ def convert(
         raise TypeError(f"argument 'fp8_saved_activations' must be a bool, got {fp8_saved_activations!r}")
     if not isinstance(fp8_all_gather, bool):
         raise TypeError(f"argument 'fp8_all_gather' must be a bool, got {fp8_all_gather!r}")
-    if fp8_all_gather and recipe is not None and quantizer_for(recipe).per_tensor_format is None:
-        raise ValueError(f"argument 'fp8_all_gather': FP8 all-gather gathers per-tensor scaled E4M3 codes, but "
-                         f"recipe {type(recipe).__name__} scales the weight per block; use DelayedScaling or "
-                         "CurrentScaling, or fp8_all_gather=False")
+    recipes: dict[str, Recipe | None] | None = None
+    if plan is not None:
+        if recipe is not None or module_filter is not None:
+            raise ValueError("argument 'plan' gives each layer its recipe and decides which layers convert: pass it "
+                             "without 'recipe' and 'module_filter' (edit the plan instead)")
+        recipes = planned_recipes(plan, convertible_layers(model),
+                                  [name for name, m in model.named_modules() if isinstance(m, FP8_MODULES)])
+        module_filter = _plan_filter(recipes)
+    if fp8_all_gather:
+        _refuse_block_recipes_for_all_gather({"": recipe} if recipes is None else recipes)
     table = _swap_table(convert_norms)
+    report = ConversionReport()
 
     def replacement(name: str, module: torch.nn.Module) -> torch.nn.Module | None:
         make = table.get(type(module))
-        if make is None or (module_filter is not None and not module_filter(name, module)):
+        if make is None:
+            return None
+        report.candidates.append(name)
+        dims = _matmul_dims(module)
+        if module_filter is not None and not module_filter(name, module):
+            (report.filtered if dims is None or fp8_dims_supported(*dims) else report.unsupported).append(name)
             return None
         if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) and len(module.normalized_shape) != 1:
             logger.info("fp8mp.convert: keeping %s: fp8mp norms normalize the last dimension only", name or "<root>")
+            report.unsupported.append(name)
             return None
-        dims = _matmul_dims(module)
         if dims is not None and not fp8_dims_supported(*dims):
             logger.info("fp8mp.convert: keeping %s (%s) in high precision: dims not multiples of %d", name or "<root>",
                         module, FP8_DIM_MULTIPLE)
+            report.unsupported.append(name)
             return None
         new = make(module)
-        if recipe is not None and isinstance(new, Fp8Module):
-            new.fp8_recipe = recipe
-            new.fp8_meta.configure(recipe)  # the state's shapes (history length) exist before any load
+        layer_recipe = recipe if recipes is None else recipes.get(name)
+        if layer_recipe is not None and isinstance(new, Fp8Module):
+            new.fp8_recipe = layer_recipe
+            new.fp8_meta.configure(layer_recipe)  # the state's shapes (history length) exist before any load
+        old = f"{type(module).__name__}({dims[0]} -> {dims[1]})" if dims is not None else type(module).__name__
+        report.converted.append((name, old, type(new).__name__, layer_recipe))
         return new
 
     model = _swap_in_place(model, replacement)
+    report.log(model, module_filter, plan is not None)
     if frozen_weights == "fp8":
         store_frozen_weights_in_fp8(model, module_filter)
     if fp8_saved_activations:
