@@ -27,11 +27,13 @@ accelerate's own FP8 (`mixed_precision="fp8"`: Transformer Engine, MS-AMP, torch
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator
 
 import torch
 
 from fp8mp.nn.conversion import ModuleFilter, convert
+from fp8mp.planning.plan import PrecisionPlan, as_plan
 from fp8mp.scaling.autocast import fp8_autocast
 from fp8mp.scaling.recipe import Recipe
 from fp8mp.training.loss_scaler import LossScaler
@@ -61,7 +63,7 @@ def data_parallel_group(accelerator):
 
 def prepare(accelerator, *objects: Any, recipe: Recipe | None = None, module_filter: ModuleFilter | None = None,
             frozen_weights: str | None = None, fp8_saved_activations: bool = False,
-            loss_scaler: LossScaler | None = None):
+            loss_scaler: LossScaler | None = None, plan: PrecisionPlan | str | os.PathLike | None = None):
     """Convert the torch modules among `objects` (in place), install fp8mp's loss scaler, then
     `accelerator.prepare(*objects)`; returns what that returns.
 
@@ -69,15 +71,25 @@ def prepare(accelerator, *objects: Any, recipe: Recipe | None = None, module_fil
         accelerator: an `accelerate.Accelerator` created with mixed_precision "no", "bf16" or "fp16".
         objects: what you would pass to `accelerator.prepare` (models, optimizers, data loaders, schedulers).
         recipe, module_filter, frozen_weights, fp8_saved_activations: `fp8mp.convert`'s options.
+        plan: an fp8mp.PrecisionPlan or the path of its JSON, `fp8mp.convert`'s `plan` (each planned layer pinned
+            to its recipe; refused beside recipe and module_filter, which it replaces). With a plan, give the
+            models among `objects` one at a time: a plan fits one architecture.
         loss_scaler: an fp8mp.LossScaler; None: dynamic `LossScaler()` under fp16, a scale held at 1 otherwise.
     """
     _check_accelerator(accelerator, "prepare")
     if loss_scaler is not None and not isinstance(loss_scaler, LossScaler):
         raise TypeError("fp8mp.integrations.accelerate.prepare: argument 'loss_scaler' must be an fp8mp.LossScaler or "
                         f"None, got {type(loss_scaler).__name__}")
-    objects = tuple(convert(obj, recipe=recipe, module_filter=module_filter, frozen_weights=frozen_weights,
-                            fp8_saved_activations=fp8_saved_activations) if isinstance(obj, torch.nn.Module) else obj
-                    for obj in objects)
+    options = dict(frozen_weights=frozen_weights, fp8_saved_activations=fp8_saved_activations)
+    if plan is not None:
+        plan = as_plan(plan, "fp8mp.integrations.accelerate.prepare: argument 'plan'")
+        if recipe is not None or module_filter is not None:
+            raise ValueError("fp8mp.integrations.accelerate.prepare: argument 'plan' gives each layer its recipe; pass "
+                             "it without 'recipe' and 'module_filter' (edit the plan instead)")
+        options["plan"] = plan
+    else:
+        options.update(recipe=recipe, module_filter=module_filter)
+    objects = tuple(convert(obj, **options) if isinstance(obj, torch.nn.Module) else obj for obj in objects)
     if loss_scaler is not None:
         accelerator.scaler = loss_scaler
     elif not isinstance(accelerator.scaler, LossScaler):

@@ -34,6 +34,7 @@ from fp8mp.integrations.hf_saved_activations import (restore_saved_activations, 
 from fp8mp.integrations.hf_moe import register_if_transformers_imported, select_fp8_experts
 from fp8mp.nn.fp8_state_dict import load_state_dict, split_fp8_state
 from fp8mp.nn.conversion import convert
+from fp8mp.planning.plan import PrecisionPlan, as_plan
 from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
 from fp8mp.scaling.recipe import Recipe
 from fp8mp.training.trainer import name_under
@@ -79,7 +80,8 @@ def output_embedding_names(model: torch.nn.Module) -> tuple[str, ...]:
 
 
 def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_precision: Iterable[str] | None = None,
-            convert_norms: bool = False, frozen_weights: str | None = None) -> torch.nn.Module:
+            convert_norms: bool = False, frozen_weights: str | None = None,
+            plan: PrecisionPlan | str | os.PathLike | None = None) -> torch.nn.Module:
     """Convert `model` in place and run each of its forwards inside `fp8_autocast(fp8_recipe=recipe)`.
 
     Args:
@@ -93,6 +95,10 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
         frozen_weights: None, or "fp8": the frozen (requires_grad=False) weights of the converted layers stored at one
             byte a parameter (`fp8mp.convert`'s option), the base of a LoRA fine-tune: `model.requires_grad_(False)`
             first, then PEFT (or TRL's SFTTrainer with a `peft_config`) adds the adapters.
+        plan: an fp8mp.PrecisionPlan or the path of its JSON: `fp8mp.convert(model, plan=plan)` converts instead,
+            each planned layer pinned to its recipe and its "bf16" layers (the output embedding too, if the plan
+            says so) kept; keep_high_precision is refused beside it. `recipe` then serves what the plan does not
+            pin: the experts' projections and fp8_autocast's default.
     Returns `model`. Preparing a prepared model is an error (its hooks would nest).
     """
     if not isinstance(model, torch.nn.Module):
@@ -106,9 +112,16 @@ def prepare(model: torch.nn.Module, recipe: Recipe | None = None, keep_high_prec
                                  or not all(isinstance(p, str) for p in prefixes)):
         raise TypeError("fp8mp.integrations.hf.prepare: argument 'keep_high_precision' must be an iterable of "
                         f"module-name prefixes, got {keep_high_precision!r}")
-    keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
-    convert(model, recipe=recipe, module_filter=lambda name, m: not any(name_under(name, p) for p in keep),
-            convert_norms=convert_norms, frozen_weights=frozen_weights)
+    if plan is not None:
+        plan = as_plan(plan, "fp8mp.integrations.hf.prepare: argument 'plan'")
+        if keep_high_precision is not None:
+            raise ValueError("fp8mp.integrations.hf.prepare: argument 'plan' decides each layer's precision; pass it "
+                             "without 'keep_high_precision' (edit the plan's choices instead)")
+        convert(model, plan=plan, convert_norms=convert_norms, frozen_weights=frozen_weights)
+    else:
+        keep = output_embedding_names(model) if keep_high_precision is None else tuple(keep_high_precision)
+        convert(model, recipe=recipe, module_filter=lambda name, m: not any(name_under(name, p) for p in keep),
+                convert_norms=convert_norms, frozen_weights=frozen_weights)
     select_fp8_experts(model, recipe)
     hooks = Fp8Forward(recipe)
     model.register_forward_pre_hook(hooks.enter)
@@ -152,7 +165,8 @@ def read_checkpoint(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def from_pretrained(model_class, directory: str | os.PathLike, recipe: Recipe | None = None,
-                    keep_high_precision: Iterable[str] | None = None, convert_norms: bool = False, **kwargs):
+                    keep_high_precision: Iterable[str] | None = None, convert_norms: bool = False,
+                    plan: PrecisionPlan | str | os.PathLike | None = None, **kwargs):
     """`model_class.from_pretrained(directory, **kwargs)`, prepared (see `prepare`), with the checkpoint's FP8 state.
 
     Args:
@@ -161,6 +175,7 @@ def from_pretrained(model_class, directory: str | os.PathLike, recipe: Recipe | 
             converted modules then start with fresh FP8 state). The weights load as transformers
             loads them; the FP8 scaling state then loads bit-exactly into the converted modules,
             and FP8 state of modules kept in high precision is ignored (one log line).
+        recipe, keep_high_precision, convert_norms, plan: `prepare`'s (pass the plan the model trained under).
     """
     transformers = _transformers()
     if not os.path.isdir(directory):
@@ -173,6 +188,6 @@ def from_pretrained(model_class, directory: str | os.PathLike, recipe: Recipe | 
     mapping = getattr(model_class, "_model_mapping", None)  # transformers' Auto classes have one
     concrete = mapping[type(config)] if mapping is not None else model_class
     model = concrete.from_pretrained(None, config=config, state_dict=weights, **kwargs)
-    prepare(model, recipe=recipe, keep_high_precision=keep_high_precision, convert_norms=convert_norms)
+    prepare(model, recipe=recipe, keep_high_precision=keep_high_precision, convert_norms=convert_norms, plan=plan)
     load_state_dict(model, fp8_state, strict=False)
     return model

@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import weakref
 from typing import Any, Callable
@@ -40,6 +41,7 @@ import torch
 from fp8mp.nn.conversion import ModuleFilter, convert, fp8_dims_supported
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.fp8_state_dict import split_fp8_state
+from fp8mp.planning.plan import PrecisionPlan, as_plan
 from fp8mp.scaling.autocast import fp8_autocast, validate_recipe
 from fp8mp.scaling.recipe import Recipe
 from fp8mp.training.fallback import FallbackPolicy
@@ -124,7 +126,7 @@ class _Fp8PrecisionCore:
     def __init__(self, recipe: Recipe | None = None, weights_dtype: torch.dtype | None = None, memory_lean: bool = False,
                  frozen_weights: str | None = None, compute_dtype: torch.dtype | None = torch.bfloat16,
                  module_filter: ModuleFilter | None = None, loss_scaler: LossScaler | None = None,
-                 fallback: FallbackPolicy | bool = True):
+                 fallback: FallbackPolicy | bool = True, plan: PrecisionPlan | str | os.PathLike | None = None):
         """
         Args:
             recipe: any fp8mp recipe, pinned on every converted module; None: DelayedScaling().
@@ -137,6 +139,9 @@ class _Fp8PrecisionCore:
             module_filter: `fp8mp.convert`'s: `f(name, module) -> bool`, False keeps a module in high precision.
             loss_scaler: an fp8mp.LossScaler; None: LossScaler() (dynamic scaling, the step skipped on Inf/NaN).
             fallback: True: a FallbackPolicy() over the data-parallel group; a FallbackPolicy; False: none.
+            plan: an fp8mp.PrecisionPlan or the path of its JSON: `convert_module` applies it (`fp8mp.convert`'s
+                `plan`: each planned layer pinned to its recipe, "bf16" layers kept); refused beside module_filter.
+                `recipe` then serves fp8_autocast, for FP8 modules the plan does not pin.
         """
         name = "FP8Precision"
         if recipe is not None:
@@ -157,6 +162,11 @@ class _Fp8PrecisionCore:
                              f"got {compute_dtype!r}")
         if module_filter is not None and not callable(module_filter):
             raise TypeError(f"{name}: argument 'module_filter' must be callable as module_filter(name, module) -> bool")
+        if plan is not None:
+            plan = as_plan(plan, f"{name}: argument 'plan'")
+            if module_filter is not None:
+                raise ValueError(f"{name}: argument 'plan' decides which layers convert; pass it without "
+                                 "'module_filter' (edit the plan's choices instead)")
         if loss_scaler is not None and not isinstance(loss_scaler, LossScaler):
             raise TypeError(f"{name}: argument 'loss_scaler' must be an fp8mp.LossScaler or None, "
                             f"got {type(loss_scaler).__name__}")
@@ -169,6 +179,7 @@ class _Fp8PrecisionCore:
         self.frozen_weights = frozen_weights
         self.compute_dtype = None if memory_lean or compute_dtype == weights_dtype else compute_dtype
         self.module_filter = module_filter
+        self.plan = plan
         self.scaler = loss_scaler if loss_scaler is not None else LossScaler()
         self._own_fallback = fallback is True
         self.fallback = FallbackPolicy() if fallback is True else (fallback or None)
@@ -183,8 +194,8 @@ class _Fp8PrecisionCore:
         """Cast the parameters to `weights_dtype`, then `fp8mp.convert` with the plugin's options."""
         if self.weights_dtype != torch.float32:
             module = module.to(dtype=self.weights_dtype)  # fp8mp's scaling buffers keep float32
-        module = convert(module, recipe=self.recipe, module_filter=self.module_filter,
-                         frozen_weights=self.frozen_weights, fp8_saved_activations=self.memory_lean)
+        layers = dict(plan=self.plan) if self.plan is not None else dict(recipe=self.recipe, module_filter=self.module_filter)
+        module = convert(module, frozen_weights=self.frozen_weights, fp8_saved_activations=self.memory_lean, **layers)
         sharded = self._sharded_linears(module)
         if sharded:
             raise ValueError(

@@ -300,13 +300,17 @@ class _Run:
 
 # --------------------------------------------------------------------------------- model preparation
 def prepare_model(model: torch.nn.Module, config: TrainerConfig, recipe) -> torch.nn.Module:
-    """Convert (sparing keep_high_precision), pin format_overrides' recipes, then wrap LoRA targets."""
+    """Convert (sparing keep_high_precision, or as config.plan says), pin format_overrides' recipes, then wrap
+    LoRA targets."""
     keep = config.keep_high_precision
     names = [name for name, _ in model.named_modules()]
     for prefix in keep:
         if not any(name_under(name, prefix) for name in names):
             raise ValueError(f"TrainerConfig: key 'keep_high_precision' prefix {prefix!r} matches no module of the model")
-    model = convert(model, module_filter=lambda name, m: not any(name_under(name, p) for p in keep))
+    if config.plan is not None:
+        model = convert(model, plan=config.plan)
+    else:
+        model = convert(model, module_filter=lambda name, m: not any(name_under(name, p) for p in keep))
     for prefix in keep:
         already = [n for n, m in model.named_modules() if name_under(n, prefix) and isinstance(m, Fp8Module)]
         if already:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from fp8mp.scaling.recipe import (AMAX_COMPUTE_ALGOS, BlockScaling, CurrentScaling, DelayedScaling, Format, MXFP8Scaling,
                                   Recipe, RowwiseScaling)
 from fp8mp.scaling.config_checks import check_int
+from fp8mp.planning.plan import PrecisionPlan, as_plan
 
 __all__ = ["TrainerConfig", "LoRAConfig"]
 
@@ -119,6 +120,10 @@ class TrainerConfig:
         format_overrides: {module-name prefix: "E4M3" | "HYBRID"}; a prefix matches a module's name or the names
             under it ("enc" matches "enc" and "enc.fc", not "encoder"); the longest matching prefix wins.
         keep_high_precision: module-name prefixes (same matching) whose Linear layers are not converted.
+        plan: None, an fp8mp.PrecisionPlan, or the path of its JSON (loaded and checked here): convert applies it
+            (`fp8mp.convert(model, plan=...)`: each planned layer pinned to its recipe, "bf16" layers kept). It
+            decides per layer, so keep_high_precision and format_overrides are refused beside it; the recipe that
+            scaling and fp8_format describe stays fp8_autocast's, for FP8 modules the plan does not pin.
         fallback, fallback_cooldown_steps: fp8mp.fallback.FallbackPolicy (layers that keep overflowing run in
             high precision for that many steps).
         monitor: attach an fp8mp.monitor.Fp8Monitor recording every `log_every` steps.
@@ -145,6 +150,7 @@ class TrainerConfig:
     fallback_cooldown_steps: int = 100
     monitor: bool = False
     lora: LoRAConfig | None = None
+    plan: PrecisionPlan | None = None
     progress_bar: bool = True
     log_every: int = 10
 
@@ -175,6 +181,12 @@ class TrainerConfig:
             _check_bool(key, getattr(self, key))
         _check_int("fallback_cooldown_steps", self.fallback_cooldown_steps, 1)
         _check_int("log_every", self.log_every, 1)
+        if self.plan is not None:
+            self._freeze("plan", as_plan(self.plan, "TrainerConfig: key 'plan'"))
+            beside = [key for key in ("keep_high_precision", "format_overrides") if getattr(self, key)]
+            if beside:
+                raise ValueError(f"TrainerConfig: key 'plan' decides each layer's precision; drop key {beside[0]!r} "
+                                 "(or edit the plan's choices instead)")
         if isinstance(self.lora, dict):
             self._freeze("lora", LoRAConfig.from_dict(self.lora))
         elif self.lora is not None and not isinstance(self.lora, LoRAConfig):
