@@ -196,9 +196,9 @@ class PrecisionPlan:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as indented JSON (SQNRs of exact casts are written as Infinity, which Python reads)."""
+        text = json.dumps(self.to_dict(), indent=1, default=_json_scalar)  # all or nothing: no half-written file
         with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.write("\n")
+            f.write(text + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PrecisionPlan":
@@ -300,6 +300,13 @@ def _check_keys(where: str, data, keys: tuple[str, ...], required: tuple[str, ..
     missing = [key for key in required if key not in data]
     if missing:
         raise ValueError(f"{where}: missing key(s) {', '.join(map(repr, missing))}")
+
+
+def _json_scalar(value):
+    """A numpy or torch scalar in the evidence, as the Python number JSON takes."""
+    if callable(getattr(value, "item", None)) and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    raise TypeError(f"PrecisionPlan.save: {type(value).__name__} {value!r} in the plan is no JSON value")
 
 
 def _choices(candidates: dict) -> str:

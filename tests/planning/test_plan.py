@@ -127,3 +127,15 @@ def test_plot_writes_a_png(tmp_path):
                          device="cpu", architecture=["0"])
     bare.plot(tmp_path / "bare.png")  # a plan without evidence still draws
     assert (tmp_path / "bare.png").stat().st_size > 0
+
+
+def test_save_takes_numpy_and_torch_scalars_and_refuses_other_objects_whole(tmp_path):
+    np = pytest.importorskip("numpy")
+    plan = hand_plan(CHOICES)
+    plan.layers[0].evidence.update(range_binades=np.float32(3.5), tokens_seen=torch.tensor(64))
+    plan.save(tmp_path / "plan.json")
+    assert PrecisionPlan.load(tmp_path / "plan.json").layers[0].evidence["range_binades"] == 3.5
+    plan.layers[0].evidence["probe"] = object()
+    with pytest.raises(TypeError, match=r"PrecisionPlan.save: object .* is no JSON value"):
+        plan.save(tmp_path / "other.json")
+    assert not (tmp_path / "other.json").exists()
