@@ -3,5 +3,7 @@
 JSON; `fp8mp.convert(model, plan=plan)` applies one. May import every layer below it (fp8mp.utils up to fp8mp.nn),
 never fp8mp.training or fp8mp.integrations."""
 from fp8mp.planning.plan import CANDIDATE_NAMES, HIGH_PRECISION, LayerPlan, PrecisionPlan, as_plan, default_candidates
+from fp8mp.planning.plan_precision import plan_precision
 
-__all__ = ["CANDIDATE_NAMES", "HIGH_PRECISION", "LayerPlan", "PrecisionPlan", "as_plan", "default_candidates"]
+__all__ = ["CANDIDATE_NAMES", "HIGH_PRECISION", "LayerPlan", "PrecisionPlan", "as_plan", "default_candidates",
+           "plan_precision"]
