@@ -28,7 +28,8 @@ from fp8mp.planning.choose import LayerOptions, choose
 from fp8mp.planning.layers import PlannedLayer, planned_layers
 from fp8mp.planning.numerics import LayerNumerics, capture_batch
 from fp8mp.planning.plan import HIGH_PRECISION, LayerPlan, PrecisionPlan, default_candidates
-from fp8mp.planning.speed import device_label, layer_times
+from fp8mp.planning.speed import layer_times
+from fp8mp.utils.device import device_label
 from fp8mp.scaling.autocast import validate_recipe
 
 __all__ = ["plan_precision", "model_loss", "DEFAULT_BUDGET_FRACTION"]

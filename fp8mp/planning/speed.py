@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -22,18 +21,12 @@ import torch
 
 from fp8mp.planning.layers import PlannedLayer, fp8_probe
 from fp8mp.scaling.autocast import fp8_autocast
+from fp8mp.utils.device import device_label, synchronize
 
-__all__ = ["device_label", "cache_key", "layer_times", "clear_cache", "HIGH_PRECISION_KEY"]
+__all__ = ["cache_key", "layer_times", "clear_cache", "HIGH_PRECISION_KEY"]
 
 HIGH_PRECISION_KEY = "bf16"
 _CACHE: dict[str, dict[str, float]] = {}
-
-
-def device_label(device: torch.device) -> str:
-    """What a plan was measured on: the GPU's name, or "cpu (<processor>, <threads> threads)"."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def clear_cache() -> None:
@@ -47,25 +40,20 @@ def cache_key(device: torch.device, dtype: torch.dtype, m: int, k: int, n: int, 
     return f"{device_label(device)} | {str(dtype).removeprefix('torch.')} | {m}x{k}x{n} | {what}"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_module(module: torch.nn.Module, x: torch.Tensor, g: torch.Tensor, recipe, repeats: int) -> dict[str, float]:
     """Median forward and backward milliseconds of `module` on x with output gradient g (FP8 under `recipe`)."""
     device = x.device
     forward, backward = [], []
     for run in range(repeats + 1):  # run 0 warms up
         xi = x.detach().requires_grad_(True)
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         with fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
             y = module(xi)
-        _sync(device)
+        synchronize(device)
         middle = time.perf_counter()
         y.backward(g)
-        _sync(device)
+        synchronize(device)
         end = time.perf_counter()
         if run:
             forward.append(1e3 * (middle - start))
