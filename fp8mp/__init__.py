@@ -23,7 +23,7 @@ from fp8mp.ops import (cast_from_fp8, cast_to_fp8, cast_to_fp8_transpose, cast_t
                        cuda_kernels_status, fp8_gemm,
                        update_amax_history_and_scale)
 from fp8mp.optim import step_in_backward
-from fp8mp.planning import PrecisionPlan, plan_precision
+from fp8mp.planning import PrecisionPlan, plan_precision, replan
 from fp8mp.scaling.autocast import fp8_autocast, get_fp8_group, get_fp8_recipe, is_fp8_enabled
 from fp8mp.training import LossScaler, Trainer, TrainerConfig
 
@@ -61,5 +61,6 @@ __all__ = [
     "integrations",
     "PrecisionPlan",
     "plan_precision",
+    "replan",
     "__version__",
 ]

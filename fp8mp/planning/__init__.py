@@ -4,6 +4,7 @@ JSON; `fp8mp.convert(model, plan=plan)` applies one. May import every layer belo
 never fp8mp.training or fp8mp.integrations."""
 from fp8mp.planning.plan import CANDIDATE_NAMES, HIGH_PRECISION, LayerPlan, PrecisionPlan, as_plan, default_candidates
 from fp8mp.planning.plan_precision import plan_precision
+from fp8mp.planning.replan import replan
 
 __all__ = ["CANDIDATE_NAMES", "HIGH_PRECISION", "LayerPlan", "PrecisionPlan", "as_plan", "default_candidates",
-           "plan_precision"]
+           "plan_precision", "replan"]

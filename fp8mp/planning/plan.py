@@ -17,6 +17,7 @@ import json
 import math
 import os
 
+from fp8mp.planning.plan_changes import PlanChanges, plan_changes
 from fp8mp.scaling.recipe import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling, RowwiseScaling
 from fp8mp.scaling.recipe_json import recipe_from_dict, recipe_to_dict
 from fp8mp.scaling.recipe_registry import is_recipe
@@ -145,6 +146,11 @@ class PrecisionPlan:
     def layer_recipes(self) -> dict[str, object | None]:
         """name -> recipe (None: high precision), for every planned layer: what `fp8mp.convert(plan=...)` reads."""
         return {layer.name: self.choice(layer.name) for layer in self.layers}
+
+    def changes_from(self, other: "PrecisionPlan") -> PlanChanges:
+        """The layers whose choice differs from plan `other` (the older one), each with the old and new choice and
+        the evidence that moved; prints as a table (fp8mp/planning/plan_changes.py)."""
+        return plan_changes(other, self)
 
     @property
     def fp8_flop_share(self) -> float:

@@ -11,6 +11,7 @@ One step: forward under torch.autocast (bf16 activations, per config) and fp8mp.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -32,6 +33,7 @@ from fp8mp.training.monitor import Fp8Monitor
 from fp8mp.nn.fp8_module import Fp8Module
 from fp8mp.nn.lora import apply_lora
 from fp8mp.optim.master_weights import MasterWeightOptimizer
+from fp8mp.planning.replan import replan
 from fp8mp.training.trainer_config import TrainerConfig
 
 __all__ = ["Trainer"]
@@ -59,7 +61,8 @@ class Trainer:
             fp8mp.optim.MasterWeightOptimizer when the model has unfrozen FP8-stored weights); or your own.
 
     Attributes: model, config, optimizer, scaler (LossScaler), fallback (FallbackPolicy or None),
-    monitor (Fp8Monitor or None), recipe (the default FP8 recipe), step (optimizer steps taken).
+    monitor (Fp8Monitor or None), recipe (the default FP8 recipe), step (optimizer steps taken), plan (the plan the
+    model trains under now: config.plan, replaced by each replan), replans ((step, changes) of each replan).
     """
 
     def __init__(self, model: torch.nn.Module, config: TrainerConfig | dict, optimizer=None):
@@ -78,6 +81,8 @@ class Trainer:
         self.fallback = FallbackPolicy(cooldown_steps=config.fallback_cooldown_steps) if config.fallback else None
         self.monitor = Fp8Monitor(self.model, every=config.log_every) if config.monitor else None
         self.step = 0
+        self.plan, self.replans = config.plan, []
+        self._recent_batches = collections.deque(maxlen=config.replan_batches)  # replan's calibration batches
 
     # ----------------------------------------------------------------------------- one step
     def compute_context(self) -> contextlib.ExitStack:
@@ -93,6 +98,8 @@ class Trainer:
     def train_step(self, batch, loss_fn: LossFn) -> float:
         """One optimizer step on `batch`; returns the (unscaled) loss. Skipped by the scaler on Inf/NaN grads."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.config.replan_every_steps is not None:
+            self._recent_batches.append(batch)
         with self.compute_context():
             loss = _checked_loss(loss_fn(self.model, batch))
         self.scaler.scale(loss.float()).backward()
@@ -108,7 +115,16 @@ class Trainer:
         if self.monitor is not None:
             self.monitor.record_step()
         self.step += 1
+        if self.config.replan_every_steps is not None and self.step % self.config.replan_every_steps == 0:
+            self._replan(loss_fn)
         return loss.item()
+
+    def _replan(self, loss_fn: LossFn) -> None:
+        """Re-measure the model on the recent batches, apply the changed layers in place, log them (INFO)."""
+        self.plan, changes = replan(self.model, list(self._recent_batches), self.plan, loss_fn=loss_fn, progress=False)
+        self.replans.append((self.step, changes))
+        logger.info("fp8mp.Trainer: step %d: replanned on the last %d batches: %d layer(s) changed%s", self.step,
+                    len(self._recent_batches), len(changes), f"\n{changes}" if changes else "")
 
     def _log_nonfinite_fp8_casts(self) -> list[str]:
         """Log (WARNING, "fp8mp" logger) the layers whose FP8 casts met an Inf/NaN in the step just skipped;
@@ -139,6 +155,9 @@ class Trainer:
         """
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"Trainer.fit: argument 'steps' must be None or an int >= 1, got {steps!r}")
+        if checkpoint_dir is not None and self.config.replan_every_steps is not None:
+            raise ValueError("Trainer.fit: argument 'checkpoint_dir' with config key 'replan_every_steps': a resumed "
+                             "run converts from config.plan, not from the plan the checkpoint was trained under")
         run = self._start_run(checkpoint_dir, checkpoint_every, keep_last, resume)
         iterator = iter(batches)  # after the start RNG is in place: a shuffling DataLoader draws its order here
         if run.position:

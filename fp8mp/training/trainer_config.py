@@ -124,6 +124,11 @@ class TrainerConfig:
             (`fp8mp.convert(model, plan=...)`: each planned layer pinned to its recipe, "bf16" layers kept). It
             decides per layer, so keep_high_precision and format_overrides are refused beside it; the recipe that
             scaling and fp8_format describe stays fp8_autocast's, for FP8 modules the plan does not pin.
+        replan_every_steps: None, or re-measure the model every that many steps (`fp8mp.replan`, with the plan's
+            candidates and budget) on the last `replan_batches` training batches, apply the layers whose choice
+            changed in place and log them; needs `plan` (the plan to start from), and refuses `lora`. `trainer.plan`
+            is then the plan the model trains under (save it beside a state_dict: it decides the model's modules);
+            `fit` refuses checkpoint_dir with it, and the monitor keeps watching the FP8 modules it found at first.
         fallback, fallback_cooldown_steps: fp8mp.fallback.FallbackPolicy (layers that keep overflowing run in
             high precision for that many steps).
         monitor: attach an fp8mp.monitor.Fp8Monitor recording every `log_every` steps.
@@ -151,6 +156,8 @@ class TrainerConfig:
     monitor: bool = False
     lora: LoRAConfig | None = None
     plan: PrecisionPlan | None = None
+    replan_every_steps: int | None = None
+    replan_batches: int = 4
     progress_bar: bool = True
     log_every: int = 10
 
@@ -187,6 +194,12 @@ class TrainerConfig:
             if beside:
                 raise ValueError(f"TrainerConfig: key 'plan' decides each layer's precision; drop key {beside[0]!r} "
                                  "(or edit the plan's choices instead)")
+        _check_int("replan_batches", self.replan_batches, 1)
+        if self.replan_every_steps is not None:
+            _check_int("replan_every_steps", self.replan_every_steps, 1)
+            if self.plan is None or self.lora is not None:
+                raise ValueError("TrainerConfig: key 'replan_every_steps' re-measures the layers a plan converted: "
+                                 "give key 'plan' (the plan to start from), and no key 'lora'")
         if isinstance(self.lora, dict):
             self._freeze("lora", LoRAConfig.from_dict(self.lora))
         elif self.lora is not None and not isinstance(self.lora, LoRAConfig):
