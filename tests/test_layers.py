@@ -130,7 +130,7 @@ def test_no_file_is_over_the_line_limit():
     assert long == {}, f"files over {MAX_LINES} lines (split them by idea): {long}"
 
 
-def cuda_only_branches(path: pathlib.Path) -> list[str]:
+def device_only_branches(path: pathlib.Path) -> list[str]:
     """Tests of a tensor's device for CUDA in `path` (`t.is_cuda`, `t.device.type == "cuda"`): a branch only a CUDA
     tensor takes, which the CPU suite never runs."""
     found = []
@@ -145,16 +145,16 @@ def cuda_only_branches(path: pathlib.Path) -> list[str]:
 
 @pytest.mark.parametrize("path", [p for p in SOURCES if layer_of(module_name(p)) > LAYERS.index("ops")],
                          ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_layers_above_ops_take_no_cuda_only_branch(path):
-    # Device choices live in fp8mp/ops (a kernel per device, a composite where one is missing), so every line
+def test_layers_above_ops_take_no_device_only_branch(path):
+    # (No "cuda" in these tests' names: conftest marks such tests as GPU tests.) Device choices live in fp8mp/ops (a kernel per device, a composite where one is missing), so every line
     # above runs in the CPU suite.
-    assert cuda_only_branches(path) == [], f"{path.name}: a branch only CUDA tensors take; move it into fp8mp/ops"
+    assert device_only_branches(path) == [], f"{path.name}: a branch only CUDA tensors take; move it into fp8mp/ops"
 
 
-def test_the_cuda_branch_checker_catches_one(tmp_path):
+def test_the_device_branch_checker_catches_one(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(x):\n    if x.is_cuda:\n        return 1\n    return 2 if x.device.type == 'cuda' else 3\n")
-    assert cuda_only_branches(bad) == ["line 2: .is_cuda", "line 4: .type == 'cuda'"]
+    assert device_only_branches(bad) == ["line 2: .is_cuda", "line 4: .type == 'cuda'"]
 
 
 def test_no_module_imports_its_own_package():
