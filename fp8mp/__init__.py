@@ -14,6 +14,7 @@ Layers, bottom up (imports point down only; tests/test_layers.py keeps it so):
     fp8mp.planning      precision plans: which recipe each layer trains under (PrecisionPlan)
     fp8mp.training      LossScaler, fallback, monitor, Trainer
     fp8mp.integrations  transformers (.hf: prepare), Lightning (.lightning: FP8Precision), accelerate (.accelerate)
+
 The top-level modules (this file, recipe.py, monitor.py, fallback.py, amp.py, distributed.py) only re-export.
 """
 from fp8mp import amp, distributed, fallback, integrations, monitor, nn, ops, optim, recipe, scaling, training
