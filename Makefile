@@ -53,7 +53,7 @@ WHEEL_TORCHES ?= 211 212 215 213cpu
 WHOLE_RUN_TESTS := tests/examples tests/test_fuzz.py tests/test_gpu_check.py tests/training/test_kill_resume.py \
   tests/training/test_soak.py tests/test_bench_train_memory.py tests/test_bench_step_in_backward.py \
   tests/optim/test_dcp_reshard.py tests/parallel/test_tensor_parallel.py tests/test_bench_fsdp.py \
-  tests/test_loss_parity_memory_lean.py tests/test_bit_digests.py
+  tests/test_loss_parity_memory_lean.py tests/test_bit_digests.py tests/planning/test_plan_precision.py
 # The framework integrations run in .venv, against the frameworks' pinned releases (requirements-frameworks*.txt
 # for torchtitan and TRL, which the wheel venvs do not install).
 FRAMEWORK_TESTS := tests/integrations/test_lightning.py tests/integrations/test_accelerate.py \
